@@ -1,0 +1,124 @@
+"""Find the curated config snapshots ("bundled cards") that ship with keras-mha.
+
+A bundled card is a directory `<org>/<name>/` holding the model's `config.json`
+as published on the Hub and a `source.json` (`repo_id`, `revision`, `source`,
+`notes`) saying where the numbers come from. In an installed wheel the cards live
+inside the package at `keras_mha/_bundled_cards/`; in a source checkout or an
+editable install they live at the top-level `cards/` directory of the repository.
+
+Only the standard library is imported here, so that `keras-mha inspect` starts fast.
+
+Example:
+    >>> from keras_mha.cards.bundled import bundled_config_path, list_bundled
+    >>> "meta-llama/Meta-Llama-3-8B" in list_bundled()
+    True
+    >>> bundled_config_path("meta-llama/Meta-Llama-3-8B").name
+    'config.json'
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+# Written by the wheel build (pyproject.toml: force-include "cards" -> keras_mha/_bundled_cards).
+_WHEEL_DIRECTORY_NAME = "_bundled_cards"
+_PACKAGE_DIRECTORY = Path(__file__).resolve().parent.parent
+
+
+def bundled_cards_root() -> Path | None:
+    """The directory holding the bundled cards, or None when neither location exists.
+
+    The wheel location wins over the source checkout, so an installed package never
+    reads cards from whatever directory happens to sit next to it.
+
+    Example:
+        >>> bundled_cards_root().is_dir()
+        True
+    """
+    for candidate in (
+        _PACKAGE_DIRECTORY / _WHEEL_DIRECTORY_NAME,
+        _PACKAGE_DIRECTORY.parent / "cards",
+    ):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _index() -> dict[str, Path]:
+    """Map of repo id -> card directory, for every `<org>/<name>/config.json` under the root."""
+    root = bundled_cards_root()
+    if root is None:
+        return {}
+    cards = {}
+    for config_path in sorted(root.glob("*/*/config.json")):
+        card_directory = config_path.parent
+        cards[f"{card_directory.parent.name}/{card_directory.name}"] = card_directory
+    return cards
+
+
+def list_bundled() -> list[str]:
+    """Repo ids (`org/name`) of every bundled card, sorted.
+
+    Example:
+        >>> len(list_bundled()) >= 30
+        True
+    """
+    return sorted(_index())
+
+
+def bundled_card_directory(model_id: str) -> Path | None:
+    """The card directory for `model_id`, matched exactly first and then ignoring case
+    (the Hub treats repo ids case-insensitively); None when there is no such card.
+
+    Example:
+        >>> bundled_card_directory("META-LLAMA/meta-llama-3-8b").name
+        'Meta-Llama-3-8B'
+    """
+    cards = _index()
+    if model_id in cards:
+        return cards[model_id]
+    folded = model_id.casefold()
+    for repo_id, card_directory in cards.items():
+        if repo_id.casefold() == folded:
+            return card_directory
+    return None
+
+
+def bundled_config_path(model_id: str) -> Path | None:
+    """Path of the bundled `config.json` for `model_id`, or None when it is not bundled.
+
+    Example:
+        >>> bundled_config_path("no-such-org/no-such-model") is None
+        True
+    """
+    card_directory = bundled_card_directory(model_id)
+    return None if card_directory is None else card_directory / "config.json"
+
+
+def bundled_source(model_id: str) -> dict:
+    """The card's `source.json` (`repo_id`, `revision`, `source`, `notes`), or {} if absent.
+
+    Example:
+        >>> bundled_source("meta-llama/Meta-Llama-3-8B")["repo_id"]
+        'meta-llama/Meta-Llama-3-8B'
+    """
+    card_directory = bundled_card_directory(model_id)
+    if card_directory is None:
+        return {}
+    source_path = card_directory / "source.json"
+    if not source_path.is_file():
+        return {}
+    with open(source_path, encoding="utf-8") as source_file:
+        return json.load(source_file)
+
+
+__all__ = [
+    "bundled_card_directory",
+    "bundled_cards_root",
+    "bundled_config_path",
+    "bundled_source",
+    "list_bundled",
+]
