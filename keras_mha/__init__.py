@@ -1,0 +1,35 @@
+"""keras-mha: multi-head, grouped-query and multi-query attention for Keras 3.
+
+The layers run unchanged on TensorFlow, JAX and PyTorch. Importing this package
+is cheap: the layers (and therefore keras and a backend) are only imported when
+first used, so that `keras-mha inspect` starts in a fraction of a second.
+
+Example:
+    >>> import keras_mha
+    >>> layer = keras_mha.GroupedQueryAttention(num_heads=8, num_key_value_heads=2)
+"""
+
+__version__ = "0.1.0"
+
+# Names resolved lazily (PEP 562) so `import keras_mha` never imports keras.
+_LAZY_LAYER_EXPORTS = (
+    "GroupedQueryAttention",
+    "MultiHeadAttention",
+    "MultiQueryAttention",
+    "RotaryEmbedding",
+)
+
+
+def __getattr__(name):
+    if name in _LAZY_LAYER_EXPORTS:
+        from keras_mha import layers
+
+        return getattr(layers, name)
+    raise AttributeError(f"module 'keras_mha' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY_LAYER_EXPORTS))
+
+
+__all__ = ["__version__", *_LAZY_LAYER_EXPORTS]

@@ -1,0 +1,200 @@
+"""The attention computation itself: one generic path and one fused dispatch.
+
+Everything here takes projected heads in the layout
+
+    query: (batch, query_length, num_heads, head_dim)
+    key, value: (batch, key_length, num_key_value_heads, head_dim)
+
+and never repeats K/V for grouped-query attention: the queries are grouped
+instead, `(B, T, Hkv, G, D)` against `(B, S, Hkv, D)`.
+
+`grouped_attention` is written with `keras.ops` only and is the reference. It
+is the path for attention weights, dropout and logit soft-capping.
+
+`fused_attention` uses the fastest primitive each backend has, and is tested
+against `grouped_attention`:
+
+- JAX: `keras.ops.dot_product_attention`, which calls
+  `jax.nn.dot_product_attention` (native GQA; cuDNN flash attention on GPU).
+- PyTorch: `torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`.
+  `keras.ops.dot_product_attention` on torch repeats K/V for GQA
+  (`repeat_interleave`), which is exactly the copy GQA exists to avoid.
+- TensorFlow: `keras.ops.dot_product_attention` when no K/V would be repeated
+  (MHA, MQA); for GQA it would `tf.repeat` K/V, so the grouped einsum is used.
+
+Masks are boolean, `True` where a query may attend, broadcastable to
+`(batch, 1 | num_heads, query_length, key_length)`. A query row with nothing
+to attend yields zeros (never NaN, never a uniform average).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+# Large negative logit for masked positions. Softmax runs in float32, where this
+# is far from overflow, and exp() of it underflows to exactly zero.
+_MASKED_LOGIT = -1e30
+
+
+def _split_query_groups(query, num_key_value_heads):
+    """(B, T, H, D) -> (B, T, Hkv, G, D), the query heads of group k contiguous."""
+    shape = ops.shape(query)
+    num_heads, head_dim = query.shape[2], query.shape[3]
+    groups = num_heads // num_key_value_heads
+    return ops.reshape(query, (shape[0], shape[1], num_key_value_heads, groups, head_dim))
+
+
+def _grouped_mask(mask, num_key_value_heads):
+    """Mask (B|1, 1|H, T, S) -> (B|1, 1|Hkv, 1|G, T, S) matching grouped logits."""
+    if mask.shape[1] == 1:
+        return ops.expand_dims(mask, axis=2)
+    shape = ops.shape(mask)
+    groups = mask.shape[1] // num_key_value_heads
+    return ops.reshape(mask, (shape[0], num_key_value_heads, groups, shape[2], shape[3]))
+
+
+def rows_with_any_key(mask):
+    """Boolean (B|1, 1|H, T, 1): True for query rows that may attend to something."""
+    return ops.any(mask, axis=-1, keepdims=True)
+
+
+def grouped_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    *,
+    scale,
+    logit_soft_cap=None,
+    dropout_rate=0.0,
+    seed_generator=None,
+    training=False,
+    return_weights=False,
+):
+    """Reference attention with `keras.ops`, grouping queries for GQA/MQA.
+
+    Args:
+        query: `(B, T, H, D)`.
+        key: `(B, S, Hkv, D)`; `H` must be a multiple of `Hkv`.
+        value: `(B, S, Hkv, Dv)`.
+        mask: optional boolean, broadcastable to `(B, 1 | H, T, S)`.
+        scale: multiplier of the logits, usually `D ** -0.5`.
+        logit_soft_cap: optional `c`; logits become `c * tanh(logits / c)`
+            (Gemma 2).
+        dropout_rate: dropout on the attention weights, when `training`.
+        seed_generator: a `keras.random.SeedGenerator` for the dropout.
+        training: whether dropout is active.
+        return_weights: also return the weights, `(B, H, T, S)`, before dropout.
+
+    Returns:
+        `(B, T, H, Dv)` in the dtype of `value`, and the weights (float32)
+        when `return_weights`.
+
+    Example:
+        >>> q = keras.random.normal((2, 5, 8, 16))
+        >>> kv = keras.random.normal((2, 7, 2, 16))
+        >>> grouped_attention(q, kv, kv, scale=16**-0.5).shape
+        (2, 5, 8, 16)
+    """
+    num_key_value_heads = key.shape[2]
+    compute_dtype = value.dtype
+    # Scale before the product (as keras.layers.MultiHeadAttention does) so that
+    # float16 logits stay small; everything after the product is float32.
+    grouped_query = _split_query_groups(query * ops.cast(scale, query.dtype), num_key_value_heads)
+    logits = ops.einsum("btkgd,bskd->bkgts", grouped_query, key)
+    logits = ops.cast(logits, "float32")
+    if logit_soft_cap is not None:
+        logits = ops.tanh(logits / logit_soft_cap) * logit_soft_cap
+    if mask is not None:
+        grouped_mask = _grouped_mask(mask, num_key_value_heads)
+        logits = ops.where(grouped_mask, logits, _MASKED_LOGIT)
+    weights = ops.softmax(logits, axis=-1)
+    if mask is not None:
+        # A row with nothing to attend would otherwise average every value.
+        weights = ops.where(ops.any(grouped_mask, axis=-1, keepdims=True), weights, 0.0)
+    weights_before_dropout = weights
+    if training and dropout_rate > 0.0:
+        weights = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
+    output = ops.einsum("bkgts,bskd->btkgd", ops.cast(weights, compute_dtype), value)
+    out_shape = ops.shape(output)
+    output = ops.reshape(output, (out_shape[0], out_shape[1], query.shape[2], value.shape[3]))
+    if not return_weights:
+        return output
+    w_shape = ops.shape(weights_before_dropout)
+    weights_per_head = ops.reshape(
+        weights_before_dropout, (w_shape[0], query.shape[2], w_shape[3], w_shape[4])
+    )
+    return output, weights_per_head
+
+
+def fused_attention(query, key, value, mask=None, *, scale, is_causal=False, flash_attention=None):
+    """The backend's fastest attention primitive, without repeating K/V.
+
+    Args:
+        query, key, value, mask, scale: as in `grouped_attention`.
+        is_causal: apply a causal mask (aligned at position 0) in the kernel
+            instead of through `mask`; only used when `mask` is None.
+        flash_attention: passed to `keras.ops.dot_product_attention` on JAX
+            (None: let the backend decide).
+
+    Returns:
+        `(B, T, H, Dv)` in the dtype of `value`.
+
+    Example:
+        >>> q = keras.random.normal((2, 5, 8, 16))
+        >>> kv = keras.random.normal((2, 7, 2, 16))
+        >>> fused_attention(q, kv, kv, scale=16**-0.5).shape
+        (2, 5, 8, 16)
+    """
+    row_has_key = None
+    if mask is not None:
+        # Kernels turn an all-masked row into NaN or a uniform average; let such
+        # rows attend everywhere, then zero them below.
+        row_has_key = rows_with_any_key(mask)
+        mask = ops.logical_or(mask, ops.logical_not(row_has_key))
+    backend = keras.backend.backend()
+    num_heads, num_key_value_heads = query.shape[2], key.shape[2]
+    if backend == "torch":
+        output = _torch_sdpa(query, key, value, mask, scale=scale, is_causal=is_causal)
+    elif backend == "jax" or num_key_value_heads in (1, num_heads):
+        output = ops.dot_product_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            scale=scale,
+            is_causal=is_causal and mask is None,
+            flash_attention=flash_attention if backend == "jax" else None,
+        )
+    else:
+        if is_causal and mask is None:
+            mask = causal_mask_for(query, key)
+        output = grouped_attention(query, key, value, mask, scale=scale)
+    if row_has_key is not None:
+        # (B|1, 1|H, T, 1) -> (B|1, T, 1|H, 1) to line up with (B, T, H, D).
+        output = output * ops.cast(ops.transpose(row_has_key, (0, 2, 1, 3)), output.dtype)
+    return output
+
+
+def causal_mask_for(query, key):
+    """Boolean (1, 1, T, S) lower-triangular mask aligned at position 0."""
+    query_positions = ops.arange(ops.shape(query)[1])[:, None]
+    key_positions = ops.arange(ops.shape(key)[1])[None, :]
+    return (key_positions <= query_positions)[None, None]
+
+
+def _torch_sdpa(query, key, value, mask, *, scale, is_causal):
+    import torch.nn.functional as functional
+
+    num_heads, num_key_value_heads = query.shape[2], key.shape[2]
+    output = functional.scaled_dot_product_attention(
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        attn_mask=mask,
+        is_causal=is_causal and mask is None,
+        scale=scale,
+        enable_gqa=num_heads != num_key_value_heads,
+    )
+    return output.transpose(1, 2)

@@ -1,0 +1,633 @@
+"""Grouped-query attention: the one attention implementation of keras-mha.
+
+Multi-head attention (`num_key_value_heads == num_heads`) and multi-query
+attention (`num_key_value_heads == 1`) are this layer with a fixed KV-head
+count; see `multi_head_attention.py` and `multi_query_attention.py`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mha.layers import attention_kernels, masks
+from keras_mha.layers.rotary_embedding import RotaryEmbedding
+
+
+def _positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        expected = "a positive integer or None" if allow_none else "a positive integer"
+        raise ValueError(f"`{name}` must be {expected}; received {value!r}.")
+    return int(value)
+
+
+def _propagated_mask(tensor):
+    """The padding mask Keras attached to `tensor` (e.g. by Embedding(mask_zero=True))."""
+    return getattr(tensor, "_keras_mask", None)
+
+
+def _static_int(value):
+    """The Python int behind `value`, or None when it is traced / symbolic."""
+    if value is None or isinstance(value, (int, np.integer)):
+        return None if value is None else int(value)
+    try:
+        return int(ops.convert_to_numpy(value))
+    except Exception:  # A tracer (jit, tf.function, torch.compile) has no value yet.
+        return None
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class GroupedQueryAttention(keras.layers.Layer):
+    """Grouped-query attention (GQA), covering multi-head and multi-query attention.
+
+    `num_heads` query heads share `num_key_value_heads` key/value heads, each
+    KV head serving `num_heads // num_key_value_heads` consecutive query heads
+    (the layout of Llama, Mistral, Qwen, Gemma and `keras.layers.GroupQueryAttention`).
+    K/V are never repeated: queries are grouped against their shared KV head.
+
+    Args:
+        num_heads: number of query heads.
+        num_key_value_heads: number of key/value heads; must divide `num_heads`.
+        head_dim: size of each head. Default: query features // `num_heads`.
+            May differ from that (Gemma).
+        output_dim: features of the output. Default: the query's features.
+        dropout: dropout rate on the attention weights during training.
+        use_bias: whether the query/key/value projections have biases.
+        use_output_bias: whether the output projection has a bias. Default:
+            same as `use_bias` (Qwen2: `use_bias=True, use_output_bias=False`).
+        causal: each query attends only to keys at its position or before.
+        sliding_window: each query attends only to the `sliding_window` most
+            recent positions, its own included (Mistral); implies `causal`.
+        use_rope: apply rotary position embeddings to queries and keys.
+        rope_theta: RoPE base (`max_wavelength`).
+        partial_rotary_factor: fraction of each head that rotates (Phi-2).
+        rope_scaling: None, linear or llama3 scaling, as a Hugging Face dict.
+        use_qk_norm: RMS-normalise each query and key head before RoPE (Qwen3,
+            Gemma 3), with a learned scale of size `head_dim` each.
+        qk_norm_epsilon: epsilon of that RMS norm.
+        logit_soft_cap: cap `c` of `c * tanh(logits / c)` (Gemma 2).
+        attention_scale: multiplier of the logits. Default `head_dim ** -0.5`
+            (Gemma uses `query_pre_attn_scalar ** -0.5`).
+        flash_attention: None picks the backend's fused kernel whenever the call
+            allows (no attention weights returned, no active dropout, no soft
+            cap); False always uses the generic `keras.ops` path; True requires
+            the fused path and raises when the call cannot use it.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        bias_constraint: as in `keras.layers.Dense`.
+        seed: seed of the dropout.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(batch, query_length, query_features)`.
+        value: `(batch, key_length, value_features)`; default `query`
+            (self-attention).
+        key: `(batch, key_length, key_features)`; default `value`.
+        attention_mask: boolean, `True` where a query may attend:
+            `(batch, query_length, key_length)`, `(query_length, key_length)` or
+            `(batch, 1 | num_heads, query_length, key_length)`. Combined with
+            the padding masks that Keras propagates (`Embedding(mask_zero=True)`)
+            and with the causal / sliding-window constraint.
+        return_attention_scores: also return the attention weights,
+            `(batch, num_heads, query_length, key_length)`.
+        training: whether dropout is active.
+        use_causal_mask: overrides the constructor's `causal` for this call.
+        cache: KV cache from `init_cache` `(batch, 2, max_length,
+            num_key_value_heads, head_dim)` for self-attention decoding, or from
+            `compute_cross_attention_cache` for cross-attention.
+        cache_index: position of the first query token when decoding with a
+            self-attention cache; the new keys/values are written there.
+            None with a cache means the cache is read-only (cross-attention).
+
+    Returns:
+        `output` of shape `(batch, query_length, output_dim)`; with
+        `return_attention_scores`, `(output, scores)`; with a `cache`,
+        the updated cache is appended: `(output, cache)` or
+        `(output, scores, cache)`.
+
+    Example:
+        >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2, causal=True)
+        >>> x = keras.random.normal((2, 10, 64))
+        >>> layer(x).shape
+        (2, 10, 64)
+        >>> cache = layer.init_cache(batch_size=2, max_length=16)
+        >>> out, cache = layer(x, cache=cache, cache_index=0)        # prefill
+        >>> step, cache = layer(x[:, -1:], cache=cache, cache_index=10)  # one token
+        >>> step.shape
+        (2, 1, 64)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        num_key_value_heads,
+        head_dim=None,
+        output_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        use_output_bias=None,
+        causal=False,
+        sliding_window=None,
+        use_rope=False,
+        rope_theta=10000.0,
+        partial_rotary_factor=1.0,
+        rope_scaling=None,
+        use_qk_norm=False,
+        qk_norm_epsilon=1e-6,
+        logit_soft_cap=None,
+        attention_scale=None,
+        flash_attention=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        self.supports_masking = True
+        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_key_value_heads = _positive_int("num_key_value_heads", num_key_value_heads)
+        if self.num_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"`num_key_value_heads`={self.num_key_value_heads} must divide "
+                f"`num_heads`={self.num_heads}."
+            )
+        self.head_dim = _positive_int("head_dim", head_dim, allow_none=True)
+        self.output_dim = _positive_int("output_dim", output_dim, allow_none=True)
+        self.sliding_window = _positive_int("sliding_window", sliding_window, allow_none=True)
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1); received {dropout!r}.")
+        if logit_soft_cap is not None and not logit_soft_cap > 0:
+            raise ValueError(
+                f"`logit_soft_cap` must be positive or None; received {logit_soft_cap!r}."
+            )
+        if attention_scale is not None and not attention_scale > 0:
+            raise ValueError(
+                f"`attention_scale` must be positive or None; received {attention_scale!r}."
+            )
+        if flash_attention not in (None, True, False):
+            raise ValueError(
+                f"`flash_attention` must be None, True or False; received {flash_attention!r}."
+            )
+        if not qk_norm_epsilon > 0:
+            raise ValueError(f"`qk_norm_epsilon` must be positive; received {qk_norm_epsilon!r}.")
+        self.dropout = float(dropout)
+        self.use_bias = bool(use_bias)
+        self.use_output_bias = self.use_bias if use_output_bias is None else bool(use_output_bias)
+        self.causal = bool(causal)
+        self.use_rope = bool(use_rope)
+        self.rope_theta = float(rope_theta)
+        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.rope_scaling = dict(rope_scaling) if rope_scaling is not None else None
+        self.use_qk_norm = bool(use_qk_norm)
+        self.qk_norm_epsilon = float(qk_norm_epsilon)
+        self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
+        self.attention_scale = None if attention_scale is None else float(attention_scale)
+        self.flash_attention = flash_attention
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        self.rotary_embedding = (
+            RotaryEmbedding(
+                max_wavelength=self.rope_theta,
+                partial_rotary_factor=self.partial_rotary_factor,
+                rope_scaling=self.rope_scaling,
+                dtype=self.dtype_policy,
+                name="rotary_embedding",
+            )
+            if self.use_rope
+            else None
+        )
+        if self.use_rope:
+            # Validate the RoPE width now rather than at the first call.
+            RotaryEmbedding(self.rope_theta, self.partial_rotary_factor, self.rope_scaling)
+
+    @property
+    def num_query_groups(self):
+        """Query heads per KV head."""
+        return self.num_heads // self.num_key_value_heads
+
+    # ------------------------------------------------------------------ build
+    def _clone_initializer(self, initializer):
+        # A fresh instance per weight so that seeded initializers differ per weight.
+        return initializer.__class__.from_config(initializer.get_config())
+
+    def _add_kernel(self, name, shape):
+        return self.add_weight(
+            name=name,
+            shape=shape,
+            initializer=self._clone_initializer(self.kernel_initializer),
+            regularizer=self.kernel_regularizer,
+            constraint=self.kernel_constraint,
+        )
+
+    def _add_bias(self, name, shape):
+        return self.add_weight(
+            name=name,
+            shape=shape,
+            initializer=self._clone_initializer(self.bias_initializer),
+            regularizer=self.bias_regularizer,
+            constraint=self.bias_constraint,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        query_features = query_shape[-1]
+        value_features, key_features = value_shape[-1], key_shape[-1]
+        for name, features in (
+            ("query", query_features),
+            ("value", value_features),
+            ("key", key_features),
+        ):
+            if features is None:
+                raise ValueError(
+                    f"The last dimension of `{name}` must be known; received shape {tuple(query_shape)}."
+                )
+        if self.head_dim is None:
+            if query_features % self.num_heads:
+                raise ValueError(
+                    f"`head_dim` is None, so it is query features / num_heads, but query "
+                    f"features={query_features} is not divisible by `num_heads`={self.num_heads}. "
+                    "Pass `head_dim` explicitly."
+                )
+            self.head_dim = query_features // self.num_heads
+        self._query_features = query_features
+        self._value_features = value_features
+        self._key_features = key_features
+        output_dim = self.output_dim or query_features
+        heads, kv_heads, head_dim = self.num_heads, self.num_key_value_heads, self.head_dim
+        self.query_kernel = self._add_kernel("query_kernel", (query_features, heads, head_dim))
+        self.key_kernel = self._add_kernel("key_kernel", (key_features, kv_heads, head_dim))
+        self.value_kernel = self._add_kernel("value_kernel", (value_features, kv_heads, head_dim))
+        if self.use_bias:
+            self.query_bias = self._add_bias("query_bias", (heads, head_dim))
+            self.key_bias = self._add_bias("key_bias", (kv_heads, head_dim))
+            self.value_bias = self._add_bias("value_bias", (kv_heads, head_dim))
+        self.output_kernel = self._add_kernel("output_kernel", (heads, head_dim, output_dim))
+        if self.use_output_bias:
+            self.output_bias = self._add_bias("output_bias", (output_dim,))
+        if self.use_qk_norm:
+            self.query_norm_scale = self.add_weight(
+                name="query_norm_scale", shape=(head_dim,), initializer="ones"
+            )
+            self.key_norm_scale = self.add_weight(
+                name="key_norm_scale", shape=(head_dim,), initializer="ones"
+            )
+        # The pruning hook: 1 keeps a head, 0 silences it. Not trained; saved with
+        # the weights, so a half-pruned model resumes where it stopped.
+        self.head_gates = self.add_weight(
+            name="head_gates", shape=(heads,), initializer="ones", trainable=False
+        )
+        self.built = True
+
+    # ---------------------------------------------------------------- helpers
+    def _project(self, inputs, kernel, bias):
+        projected = ops.einsum("btf,fhd->bthd", inputs, kernel)
+        return projected + bias if bias is not None else projected
+
+    def _rms_norm(self, heads, scale):
+        # In float32: mean of squares of float16 activations overflows easily.
+        x = ops.cast(heads, "float32")
+        x = x * ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + self.qk_norm_epsilon)
+        return ops.cast(x * ops.cast(scale, "float32"), heads.dtype)
+
+    def _check_features(self, name, tensor, expected):
+        features = tensor.shape[-1]
+        if features is not None and expected is not None and features != expected:
+            raise ValueError(
+                f"`{name}` has {features} features (shape {tuple(tensor.shape)}) but the layer "
+                f"was built for {expected}."
+            )
+        if len(tensor.shape) != 3:
+            raise ValueError(
+                f"`{name}` must have rank 3 (batch, length, features); received shape "
+                f"{tuple(tensor.shape)}."
+            )
+
+    def _cache_shape(self, batch_size, max_length):
+        return (batch_size, 2, max_length, self.num_key_value_heads, self.head_dim)
+
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """A zero KV cache `(batch_size, 2, max_length, num_key_value_heads, head_dim)`.
+
+        Its shape never changes while decoding, so a jitted decode step
+        compiles once. Only the KV heads are stored.
+
+        Example:
+            >>> layer = GroupedQueryAttention(8, 2, head_dim=16)
+            >>> layer.build((None, None, 64))
+            >>> layer.init_cache(batch_size=1, max_length=32).shape
+            (1, 2, 32, 2, 16)
+        """
+        if not self.built:
+            raise ValueError(
+                "`init_cache` needs a built layer (to know `head_dim`); call the layer once "
+                "or `layer.build(query_shape)` first."
+            )
+        _positive_int("batch_size", batch_size)
+        _positive_int("max_length", max_length)
+        return ops.zeros(
+            self._cache_shape(batch_size, max_length), dtype=dtype or self.compute_dtype
+        )
+
+    def compute_cross_attention_cache(self, value, key=None):
+        """Project encoder outputs once into a read-only cross-attention cache.
+
+        Example:
+            >>> layer = GroupedQueryAttention(4, 2, head_dim=8)
+            >>> enc = keras.random.normal((1, 12, 32)); dec = keras.random.normal((1, 1, 32))
+            >>> _ = layer(dec, enc)
+            >>> cache = layer.compute_cross_attention_cache(enc)
+            >>> out, _ = layer(dec, cache=cache)  # no cache_index: read-only
+        """
+        key = value if key is None else key
+        with keras.name_scope(self.name):
+            k = self._project(key, self.key_kernel, getattr(self, "key_bias", None))
+            v = self._project(value, self.value_kernel, getattr(self, "value_bias", None))
+            if self.use_qk_norm:
+                k = self._rms_norm(k, self.key_norm_scale)
+            if self.use_rope:
+                k = self.rotary_embedding(k)
+        return ops.stack([k, v], axis=1)
+
+    def _can_use_fused(self, return_attention_scores, training):
+        reasons = []
+        if return_attention_scores:
+            reasons.append("return_attention_scores=True needs the attention weights")
+        if training and self.dropout > 0:
+            reasons.append("dropout on attention weights is active")
+        if self.logit_soft_cap is not None:
+            # keras.ops.dot_product_attention's soft cap is x / (1 + |x| / c), not
+            # Gemma 2's c * tanh(x / c), and torch SDPA has none.
+            reasons.append("logit_soft_cap needs the generic path")
+        if self.flash_attention is True and reasons:
+            raise ValueError(
+                "`flash_attention=True` but this call cannot use the fused kernel: "
+                + "; ".join(reasons)
+                + "."
+            )
+        return self.flash_attention is not False and not reasons
+
+    # ------------------------------------------------------------------- call
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_index=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+    ):
+        self_attention = value is None
+        # Padding masks propagated by Keras (e.g. Embedding(mask_zero=True)).
+        if query_mask is None:
+            query_mask = _propagated_mask(query)
+        value = query if value is None else value
+        key = value if key is None else key
+        if value_mask is None:
+            value_mask = _propagated_mask(value)
+        if key_mask is None and key is not value:
+            key_mask = _propagated_mask(key)
+
+        self._check_features("query", query, self._query_features)
+        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
+
+        q = self._project(query, self.query_kernel, getattr(self, "query_bias", None))
+        if self.use_qk_norm:
+            q = self._rms_norm(q, self.query_norm_scale)
+
+        query_offset = None
+        if cache is not None and cache_index is None:
+            # Read-only cache (cross-attention): keys/values were projected once.
+            if not self_attention:
+                raise ValueError(
+                    "Pass either `value` or a read-only `cache` (cross-attention), not both."
+                )
+            self._check_cache(cache, query)
+            k, v = cache[:, 0], cache[:, 1]
+            value_mask = key_mask = None
+            if self.use_rope:
+                q = self.rotary_embedding(q)
+        else:
+            self._check_features("value", value, self._value_features)
+            self._check_features("key", key, self._key_features)
+            k = self._project(key, self.key_kernel, getattr(self, "key_bias", None))
+            v = self._project(value, self.value_kernel, getattr(self, "value_bias", None))
+            if self.use_qk_norm:
+                k = self._rms_norm(k, self.key_norm_scale)
+            if cache is not None:
+                if not self_attention:
+                    raise ValueError(
+                        "A cache with `cache_index` is for self-attention decoding; for "
+                        "cross-attention build one with `compute_cross_attention_cache` and "
+                        "call without `value` and without `cache_index`."
+                    )
+                self._check_cache(cache, query, cache_index)
+                query_offset = cache_index
+                # Keys were padded by the cache, not by this call's mask: the
+                # caller passes `attention_mask` over the whole cache instead.
+                value_mask = key_mask = None
+            if self.use_rope:
+                positions = ops.arange(ops.shape(query)[1], dtype="int32")
+                if query_offset is not None:
+                    positions = positions + ops.cast(query_offset, "int32")
+                q = self.rotary_embedding(q, positions=positions)
+                k = self.rotary_embedding(k, positions=positions if cache is not None else None)
+            if cache is not None:
+                update = ops.stack([k, v], axis=1)
+                start = [0, 0, ops.cast(cache_index, "int32"), 0, 0]
+                cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
+                k, v = cache[:, 0], cache[:, 1]
+
+        mask, plain_causal = masks.combine_masks(
+            query=q,
+            key=k,
+            num_heads=self.num_heads,
+            attention_mask=attention_mask,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            causal=causal,
+            sliding_window=self.sliding_window,
+            query_offset=query_offset,
+        )
+        if plain_causal and (return_attention_scores or not self._can_use_fused(False, training)):
+            mask = attention_kernels.causal_mask_for(q, k)
+            plain_causal = False
+
+        scale = self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
+        k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
+        scores = None
+        if self._can_use_fused(return_attention_scores, training):
+            heads = attention_kernels.fused_attention(
+                q,
+                k,
+                v,
+                mask,
+                scale=scale,
+                is_causal=plain_causal,
+                flash_attention=self.flash_attention,
+            )
+        else:
+            heads, scores = attention_kernels.grouped_attention(
+                q,
+                k,
+                v,
+                mask,
+                scale=scale,
+                logit_soft_cap=self.logit_soft_cap,
+                dropout_rate=self.dropout,
+                seed_generator=self.seed_generator,
+                training=bool(training),
+                return_weights=True,
+            )
+        heads = heads * ops.cast(self.head_gates, heads.dtype)[:, None]
+        output = ops.einsum("bthd,hdo->bto", heads, self.output_kernel)
+        if self.use_output_bias:
+            output = output + self.output_bias
+        results = [output]
+        if return_attention_scores:
+            results.append(scores)
+        if cache is not None:
+            results.append(cache)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _check_cache(self, cache, query, cache_index=None):
+        expected = (self.num_key_value_heads, self.head_dim)
+        if len(cache.shape) != 5 or cache.shape[1] != 2 or tuple(cache.shape[3:]) != expected:
+            raise ValueError(
+                f"`cache` must have shape (batch, 2, max_length, num_key_value_heads="
+                f"{expected[0]}, head_dim={expected[1]}); received {tuple(cache.shape)}."
+            )
+        max_length, query_length = cache.shape[2], query.shape[1]
+        start = _static_int(cache_index)
+        if start is not None and max_length is not None and query_length is not None:
+            if start < 0 or start + query_length > max_length:
+                raise ValueError(
+                    f"Writing {query_length} token(s) at `cache_index`={start} overruns the "
+                    f"cache: its max_length is {max_length}. Allocate a longer cache with "
+                    "`init_cache(batch_size, max_length)`."
+                )
+
+    # ---------------------------------------------------------------- shapes
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        output_dim = self.output_dim or query_shape[-1]
+        return (*query_shape[:-1], output_dim)
+
+    def compute_output_spec(
+        self,
+        query,
+        value=None,
+        key=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_index=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+    ):
+        output = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
+        results = [output]
+        if return_attention_scores:
+            if cache is not None:
+                key_length = cache.shape[2]
+            else:
+                key_length = (
+                    key if key is not None else value if value is not None else query
+                ).shape[1]
+            results.append(
+                keras.KerasTensor(
+                    (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
+                )
+            )
+        if cache is not None:
+            results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def compute_mask(self, query, value=None, key=None, **kwargs):
+        # The output has one row per query, so it keeps the query's padding mask.
+        return _propagated_mask(query)
+
+    # ---------------------------------------------------------------- pruning
+    def prune_heads(self, heads_to_remove):
+        """Remove query heads in place; their KV heads go when a whole group goes.
+
+        The kept query heads must leave every surviving KV group with the same
+        number of query heads, so the result is again a regular GQA layer.
+        Kernels shrink; the output equals that of this layer with the removed
+        heads' gates at zero. After pruning a compiled model, compile it again.
+
+        Args:
+            heads_to_remove: indices of query heads, in `[0, num_heads)`.
+
+        Returns:
+            The kept query-head indices (into the old numbering).
+
+        Example:
+            >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2)
+            >>> layer.build((None, None, 64))
+            >>> layer.prune_heads([4, 5, 6, 7])  # the whole second group
+            [0, 1, 2, 3]
+            >>> (layer.num_heads, layer.num_key_value_heads)
+            (4, 1)
+        """
+        from keras_mha.layers.head_surgery import prune_layer_heads
+
+        return prune_layer_heads(self, heads_to_remove)
+
+    # ---------------------------------------------------------------- config
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "output_dim": self.output_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "use_output_bias": self.use_output_bias,
+                "causal": self.causal,
+                "sliding_window": self.sliding_window,
+                "use_rope": self.use_rope,
+                "rope_theta": self.rope_theta,
+                "partial_rotary_factor": self.partial_rotary_factor,
+                "rope_scaling": self.rope_scaling,
+                "use_qk_norm": self.use_qk_norm,
+                "qk_norm_epsilon": self.qk_norm_epsilon,
+                "logit_soft_cap": self.logit_soft_cap,
+                "attention_scale": self.attention_scale,
+                "flash_attention": self.flash_attention,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+                "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
+                "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+                "seed": self.seed,
+            }
+        )
+        return config

@@ -1,0 +1,108 @@
+"""Physical removal of attention heads from a built `GroupedQueryAttention`.
+
+The layer's variables are re-created at their smaller shapes in the same order
+`build()` creates them, so that a pruned layer saves to `.keras` and loads back
+into a layer built from its (smaller) config. This is the pattern Keras itself
+uses to swap variables when quantizing a layer (`_untrack_variable`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from keras import ops
+
+# Variables indexed by query head on this axis.
+_QUERY_HEAD_AXIS = {
+    "query_kernel": 1,
+    "query_bias": 0,
+    "output_kernel": 0,
+    "head_gates": 0,
+}
+# Variables indexed by KV head on this axis.
+_KV_HEAD_AXIS = {"key_kernel": 1, "value_kernel": 1, "key_bias": 0, "value_bias": 0}
+_UNCHANGED = ("output_bias", "query_norm_scale", "key_norm_scale")
+
+
+def plan_head_removal(num_heads, num_key_value_heads, heads_to_remove):
+    """Check a removal and return `(kept_query_heads, kept_kv_heads)`.
+
+    A KV head goes only when all of its query heads go; the surviving groups
+    must all keep the same number of query heads.
+
+    Example:
+        >>> plan_head_removal(8, 2, [1, 5])
+        ([0, 2, 3, 4, 6, 7], [0, 1])
+    """
+    try:
+        removal = sorted({int(h) for h in heads_to_remove})
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"`heads_to_remove` must be an iterable of query-head indices; received "
+            f"{heads_to_remove!r}."
+        ) from None
+    out_of_range = [h for h in removal if not 0 <= h < num_heads]
+    if out_of_range:
+        raise ValueError(
+            f"`heads_to_remove` has indices {out_of_range} outside [0, num_heads={num_heads})."
+        )
+    kept = [h for h in range(num_heads) if h not in set(removal)]
+    if not kept:
+        raise ValueError(
+            f"`heads_to_remove`={removal} would remove all {num_heads} heads of the layer; "
+            "keep at least one."
+        )
+    group_size = num_heads // num_key_value_heads
+    kept_per_group = Counter(h // group_size for h in kept)
+    if len(set(kept_per_group.values())) > 1:
+        raise ValueError(
+            f"`heads_to_remove`={removal} leaves KV groups with different numbers of query "
+            f"heads ({dict(sorted(kept_per_group.items()))} per group of {group_size}); "
+            "remove whole groups, or the same number of query heads from every kept group."
+        )
+    return kept, sorted(kept_per_group)
+
+
+def prune_layer_heads(layer, heads_to_remove):
+    """Remove query heads (and emptied KV heads) from `layer` in place.
+
+    Returns the kept query-head indices. See `GroupedQueryAttention.prune_heads`.
+    """
+    if not layer.built:
+        raise ValueError("`prune_heads` needs a built layer; call it on data first.")
+    kept_heads, kept_kv_heads = plan_head_removal(
+        layer.num_heads, layer.num_key_value_heads, heads_to_remove
+    )
+    if len(kept_heads) == layer.num_heads:
+        return kept_heads
+    names = [*_QUERY_HEAD_AXIS, *_KV_HEAD_AXIS, *_UNCHANGED]
+    old_values = {}
+    for name in names:
+        variable = getattr(layer, name, None)
+        if variable is None:
+            continue
+        value = ops.convert_to_numpy(variable)
+        if name in _QUERY_HEAD_AXIS:
+            value = np.take(value, kept_heads, axis=_QUERY_HEAD_AXIS[name])
+        elif name in _KV_HEAD_AXIS:
+            value = np.take(value, kept_kv_heads, axis=_KV_HEAD_AXIS[name])
+        old_values[name] = value
+        layer._untrack_variable(variable)
+        delattr(layer, name)
+
+    layer.num_heads = len(kept_heads)
+    layer.num_key_value_heads = len(kept_kv_heads)
+    layer.built = False
+    layer._tracker.unlock()
+    try:
+        layer.build(
+            (None, None, layer._query_features),
+            (None, None, layer._value_features),
+            (None, None, layer._key_features),
+        )
+    finally:
+        layer._tracker.lock()
+    for name, value in old_values.items():
+        getattr(layer, name).assign(value)
+    return kept_heads

@@ -1,0 +1,164 @@
+"""Rotary position embeddings (RoPE), as Llama, Mistral, Qwen and GPT-NeoX use them.
+
+Rotation follows the "rotate half" convention of Hugging Face transformers:
+feature `i` of the rotated part pairs with feature `i + rotary_dim / 2`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+ROPE_SCALING_TYPES = ("default", "linear", "llama3")
+
+
+def _scaling_type(rope_scaling):
+    if rope_scaling is None:
+        return "default"
+    if not isinstance(rope_scaling, dict):
+        raise ValueError(
+            f"`rope_scaling` must be None or a dict like {{'rope_type': 'linear', "
+            f"'factor': 2.0}}; received {rope_scaling!r}."
+        )
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if kind not in ROPE_SCALING_TYPES:
+        raise ValueError(
+            f"`rope_scaling` type {kind!r} is not supported; expected one of {ROPE_SCALING_TYPES}."
+        )
+    return kind
+
+
+def _require(rope_scaling, key):
+    if key not in rope_scaling:
+        raise ValueError(
+            f"`rope_scaling` of type {_scaling_type(rope_scaling)!r} needs the key "
+            f"{key!r}; received {rope_scaling!r}."
+        )
+    return float(rope_scaling[key])
+
+
+def inverse_frequencies(rotary_dim, max_wavelength=10000.0, rope_scaling=None):
+    """Inverse frequencies `(rotary_dim // 2,)` as float64 NumPy, scaling applied.
+
+    `linear` divides every frequency by `factor` (positions are interpolated);
+    `llama3` divides only the low frequencies, blending smoothly between
+    `low_freq_factor` and `high_freq_factor` (Llama 3.1).
+
+    Example:
+        >>> inverse_frequencies(8, 10000.0).round(4).tolist()
+        [1.0, 0.1, 0.01, 0.001]
+    """
+    kind = _scaling_type(rope_scaling)
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
+    inv_freq = 1.0 / (float(max_wavelength) ** exponents)
+    if kind == "linear":
+        inv_freq = inv_freq / _require(rope_scaling, "factor")
+    elif kind == "llama3":
+        factor = _require(rope_scaling, "factor")
+        low_freq_factor = _require(rope_scaling, "low_freq_factor")
+        high_freq_factor = _require(rope_scaling, "high_freq_factor")
+        original_length = _require(rope_scaling, "original_max_position_embeddings")
+        low_freq_wavelength = original_length / low_freq_factor
+        high_freq_wavelength = original_length / high_freq_factor
+        wavelength = 2 * math.pi / inv_freq
+        scaled = np.where(wavelength > low_freq_wavelength, inv_freq / factor, inv_freq)
+        smooth = (original_length / wavelength - low_freq_factor) / (
+            high_freq_factor - low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
+        inv_freq = np.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotary position embedding applied to per-head features.
+
+    Args:
+        max_wavelength: the base `theta` of the frequencies (`rope_theta` in
+            Hugging Face configs), default 10000.
+        partial_rotary_factor: fraction of each head's features that rotate
+            (Phi-2 and GPT-NeoX rotate only the first part); the rotated width
+            is `int(head_dim * partial_rotary_factor)`, rounded down to even.
+        rope_scaling: None, `{"rope_type": "linear", "factor": f}` or
+            `{"rope_type": "llama3", "factor": f, "low_freq_factor": l,
+            "high_freq_factor": h, "original_max_position_embeddings": n}`.
+
+    Call arguments:
+        inputs: `(batch, length, num_heads, head_dim)`.
+        positions: integer positions `(length,)` or `(batch, length)`; default
+            `0 .. length - 1`.
+
+    Returns:
+        The rotated tensor, same shape and dtype as `inputs`.
+
+    Example:
+        >>> rope = RotaryEmbedding(max_wavelength=10000)
+        >>> x = keras.random.normal((2, 6, 4, 16))
+        >>> rope(x, positions=ops.arange(10, 16)).shape
+        (2, 6, 4, 16)
+    """
+
+    def __init__(
+        self, max_wavelength=10000.0, partial_rotary_factor=1.0, rope_scaling=None, **kwargs
+    ):
+        super().__init__(**kwargs)
+        if not max_wavelength > 0:
+            raise ValueError(f"`max_wavelength` must be positive; received {max_wavelength}.")
+        if not 0.0 < partial_rotary_factor <= 1.0:
+            raise ValueError(
+                f"`partial_rotary_factor` must be in (0, 1]; received {partial_rotary_factor}."
+            )
+        _scaling_type(rope_scaling)
+        self.max_wavelength = float(max_wavelength)
+        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.rope_scaling = dict(rope_scaling) if rope_scaling is not None else None
+
+    def rotary_dim(self, head_dim):
+        width = int(head_dim * self.partial_rotary_factor)
+        return width - width % 2
+
+    def call(self, inputs, positions=None):
+        head_dim = inputs.shape[-1]
+        rotary_dim = self.rotary_dim(head_dim)
+        if rotary_dim == 0:
+            return inputs
+        inv_freq = ops.convert_to_tensor(
+            inverse_frequencies(rotary_dim, self.max_wavelength, self.rope_scaling).astype(
+                "float32"
+            )
+        )
+        if positions is None:
+            positions = ops.arange(ops.shape(inputs)[1], dtype="int32")
+        positions = ops.cast(positions, "float32")
+        if len(positions.shape) == 1:
+            positions = positions[None]
+        # (B|1, T, rotary_dim / 2) -> (B|1, T, 1, rotary_dim): one angle per pair.
+        angles = positions[..., None] * inv_freq
+        angles = ops.concatenate([angles, angles], axis=-1)[:, :, None, :]
+        cos, sin = ops.cos(angles), ops.sin(angles)
+        x = ops.cast(inputs, "float32")
+        rotating, passing = x[..., :rotary_dim], x[..., rotary_dim:]
+        first, second = rotating[..., : rotary_dim // 2], rotating[..., rotary_dim // 2 :]
+        rotated = rotating * cos + ops.concatenate([-second, first], axis=-1) * sin
+        if rotary_dim < head_dim:
+            rotated = ops.concatenate([rotated, passing], axis=-1)
+        return ops.cast(rotated, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_wavelength": self.max_wavelength,
+                "partial_rotary_factor": self.partial_rotary_factor,
+                "rope_scaling": self.rope_scaling,
+            }
+        )
+        return config

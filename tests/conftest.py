@@ -1,0 +1,39 @@
+"""Shared pytest set-up.
+
+The suite runs once per Keras backend (`KERAS_BACKEND=tensorflow|jax|torch`).
+Tests of pure-Python code (model-card parsing, cost model, CLI) give the same
+answer on every backend, so they carry the `backend_independent` marker and run
+on one backend only; the others report them as skipped with the reason.
+"""
+
+import os
+
+import pytest
+
+# The backend-independent tests run under this backend (the one whose CI leg also
+# has torch, which the transformers oracles need).
+BACKEND_FOR_BACKEND_INDEPENDENT_TESTS = "torch"
+
+
+def current_backend() -> str:
+    return os.environ.get("KERAS_BACKEND", "tensorflow")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "backend_independent: pure-Python test; runs once, under "
+        f"KERAS_BACKEND={BACKEND_FOR_BACKEND_INDEPENDENT_TESTS}",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if current_backend() == BACKEND_FOR_BACKEND_INDEPENDENT_TESTS:
+        return
+    skip = pytest.mark.skip(
+        reason="backend-independent (pure Python); runs once, under "
+        f"KERAS_BACKEND={BACKEND_FOR_BACKEND_INDEPENDENT_TESTS}"
+    )
+    for item in items:
+        if "backend_independent" in item.keywords:
+            item.add_marker(skip)
