@@ -247,14 +247,10 @@ class GroupedQueryAttention(keras.layers.Layer):
         key_shape = value_shape if key_shape is None else key_shape
         query_features = query_shape[-1]
         value_features, key_features = value_shape[-1], key_shape[-1]
-        for name, features in (
-            ("query", query_features),
-            ("value", value_features),
-            ("key", key_features),
-        ):
-            if features is None:
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if shape[-1] is None:
                 raise ValueError(
-                    f"The last dimension of `{name}` must be known; received shape {tuple(query_shape)}."
+                    f"The last dimension of `{name}` must be known; received shape {tuple(shape)}."
                 )
         if self.head_dim is None:
             if query_features % self.num_heads:

@@ -26,7 +26,7 @@ def _static_dim(tensor, axis):
 
 def _check_broadcast(name, mask_shape, target_shape, target_names):
     """Raise if a static mask shape cannot broadcast to the target shape."""
-    for got, want, what in zip(mask_shape, target_shape, target_names):
+    for got, want, what in zip(mask_shape, target_shape, target_names, strict=True):
         if got is None or want is None:
             continue
         if got not in (1, want):
