@@ -93,7 +93,9 @@ class FakeHub:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -245,6 +247,11 @@ def hub_environment(tmp_path: Path, monkeypatch, repos):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        hub.url + "/{repo_id}/resolve/{revision}/{filename}",
+    )
     monkeypatch.setattr(constants, "HF_HOME", str(hf_home))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(hf_home / "token"))

@@ -124,9 +124,9 @@ def load_config(
     source = source.strip()
     if source.startswith(BUNDLED_PREFIX):
         model_id = source[len(BUNDLED_PREFIX) :].strip()
-        note = "bundled card requested explicitly"
+        note = None
         if revision is not None:
-            note += f"; revision {revision!r} ignored (a bundled card is one fixed snapshot)"
+            note = f"revision {revision!r} ignored: a bundled card is one fixed snapshot"
         loaded = _load_bundled(model_id, note=note)
         if loaded is None:
             raise RepositoryNotFound(_unknown_bundled_message(model_id))
