@@ -19,8 +19,9 @@ against `grouped_attention`:
 - PyTorch: `torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`.
   `keras.ops.dot_product_attention` on torch repeats K/V for GQA
   (`repeat_interleave`), which is exactly the copy GQA exists to avoid.
-- TensorFlow: `keras.ops.dot_product_attention` when no K/V would be repeated
-  (MHA, MQA); for GQA it would `tf.repeat` K/V, so the grouped einsum is used.
+- TensorFlow: `keras.ops.dot_product_attention` for MHA only; for GQA it would
+  `tf.repeat` K/V, and with a single KV head (MQA) its einsum does not
+  broadcast, so both use the grouped einsum.
 
 Masks are boolean, `True` where a query may attend, broadcastable to
 `(batch, 1 | num_heads, query_length, key_length)`. A query row with nothing
@@ -157,7 +158,7 @@ def fused_attention(query, key, value, mask=None, *, scale, is_causal=False, fla
     num_heads, num_key_value_heads = query.shape[2], key.shape[2]
     if backend == "torch":
         output = _torch_sdpa(query, key, value, mask, scale=scale, is_causal=is_causal)
-    elif backend == "jax" or num_key_value_heads in (1, num_heads):
+    elif backend == "jax" or num_key_value_heads == num_heads:
         output = ops.dot_product_attention(
             query,
             key,

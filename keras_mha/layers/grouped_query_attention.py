@@ -33,9 +33,14 @@ def _static_int(value):
     """The Python int behind `value`, or None when it is traced / symbolic."""
     if value is None or isinstance(value, (int, np.integer)):
         return None if value is None else int(value)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None  # Reading the value would break the graph.
     try:
         return int(ops.convert_to_numpy(value))
-    except Exception:  # A tracer (jit, tf.function, torch.compile) has no value yet.
+    except Exception:  # A tracer (jax.jit, tf.function) has no value yet.
         return None
 
 
@@ -101,6 +106,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         cache_index: position of the first query token when decoding with a
             self-attention cache; the new keys/values are written there.
             None with a cache means the cache is read-only (cross-attention).
+        query_mask, value_mask, key_mask, mask: padding masks `(batch, length)`;
+            Keras fills them from `Embedding(mask_zero=True)` outputs (`mask`
+            when the layer is given a single tensor, i.e. self-attention).
 
     Returns:
         `output` of shape `(batch, query_length, output_dim)`; with
@@ -392,11 +400,16 @@ class GroupedQueryAttention(keras.layers.Layer):
         query_mask=None,
         value_mask=None,
         key_mask=None,
+        mask=None,
     ):
         self_attention = value is None
-        # Padding masks propagated by Keras (e.g. Embedding(mask_zero=True)).
+        # Padding masks propagated by Keras (e.g. Embedding(mask_zero=True)):
+        # with one tensor argument Keras passes `mask`, with several it passes
+        # `query_mask` / `value_mask` / `key_mask`.
         if query_mask is None:
-            query_mask = _propagated_mask(query)
+            query_mask = mask if mask is not None else _propagated_mask(query)
+        if self_attention and value_mask is None:
+            value_mask = query_mask
         value = query if value is None else value
         key = value if key is None else key
         if value_mask is None:
@@ -543,6 +556,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         query_mask=None,
         value_mask=None,
         key_mask=None,
+        mask=None,
     ):
         output = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
         results = [output]
@@ -562,8 +576,10 @@ class GroupedQueryAttention(keras.layers.Layer):
             results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
         return results[0] if len(results) == 1 else tuple(results)
 
-    def compute_mask(self, query, value=None, key=None, **kwargs):
+    def compute_mask(self, query, previous_mask=None):
         # The output has one row per query, so it keeps the query's padding mask.
+        if previous_mask is not None and not isinstance(previous_mask, (list, tuple)):
+            return previous_mask
         return _propagated_mask(query)
 
     # ---------------------------------------------------------------- pruning

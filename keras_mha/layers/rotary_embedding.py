@@ -117,21 +117,27 @@ class RotaryEmbedding(keras.layers.Layer):
         self.max_wavelength = float(max_wavelength)
         self.partial_rotary_factor = float(partial_rotary_factor)
         self.rope_scaling = dict(rope_scaling) if rope_scaling is not None else None
+        self._inv_freq_cache = {}
 
     def rotary_dim(self, head_dim):
         width = int(head_dim * self.partial_rotary_factor)
         return width - width % 2
+
+    def _inverse_frequencies(self, rotary_dim):
+        cached = self._inv_freq_cache.get(rotary_dim)
+        if cached is None:
+            frequencies = inverse_frequencies(rotary_dim, self.max_wavelength, self.rope_scaling)
+            cached = self._inv_freq_cache[rotary_dim] = tuple(float(f) for f in frequencies)
+        return cached
 
     def call(self, inputs, positions=None):
         head_dim = inputs.shape[-1]
         rotary_dim = self.rotary_dim(head_dim)
         if rotary_dim == 0:
             return inputs
-        inv_freq = ops.convert_to_tensor(
-            inverse_frequencies(rotary_dim, self.max_wavelength, self.rope_scaling).astype(
-                "float32"
-            )
-        )
+        # A tuple of Python floats: a constant to every tracer (a NumPy array
+        # breaks torch.compile's graph).
+        inv_freq = ops.convert_to_tensor(self._inverse_frequencies(rotary_dim), dtype="float32")
         if positions is None:
             positions = ops.arange(ops.shape(inputs)[1], dtype="int32")
         positions = ops.cast(positions, "float32")
