@@ -1,0 +1,1 @@
+"""Benchmarks behind `keras-mha bench` (layers: attention speed; inspect_startup: CLI startup)."""
