@@ -325,3 +325,12 @@ def test_list_bundled_matches_the_directories():
         assert bundled_config_path(repo_id).is_file()
     assert bundled_config_path("META-LLAMA/meta-llama-3-8b") == bundled_config_path(LLAMA_3)
     assert bundled_config_path("nobody/nothing") is None
+    # Legacy ids without an organisation, as the Hub redirects them.
+    assert bundled_config_path("gpt2") == bundled_config_path("openai-community/gpt2")
+
+
+def test_offline_legacy_id_answers_with_the_canonical_repo_id(hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = load_config("gpt2")
+    assert loaded.source == "bundled"
+    assert loaded.model_id == "openai-community/gpt2"

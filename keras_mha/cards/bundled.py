@@ -76,6 +76,8 @@ def bundled_card_directory(model_id: str) -> Path | None:
     Example:
         >>> bundled_card_directory("META-LLAMA/meta-llama-3-8b").name
         'Meta-Llama-3-8B'
+        >>> bundled_card_directory("gpt2").parent.name
+        'openai-community'
     """
     cards = _index()
     if model_id in cards:
@@ -84,6 +86,12 @@ def bundled_card_directory(model_id: str) -> Path | None:
     for repo_id, card_directory in cards.items():
         if repo_id.casefold() == folded:
             return card_directory
+    if "/" not in model_id:
+        # Legacy ids without an organisation ("gpt2", "bert-base-uncased"), which the Hub
+        # redirects to their organisation's repo; only when the name is unambiguous.
+        named = [d for repo_id, d in cards.items() if repo_id.split("/")[1].casefold() == folded]
+        if len(named) == 1:
+            return named[0]
     return None
 
 
