@@ -236,6 +236,28 @@ def test_no_traceback_from_a_real_process(tmp_path):
     assert "Traceback" not in completed.stderr and completed.stderr.count("\n") == 1
 
 
+def test_real_process_follows_hf_endpoint_and_hf_home_then_uses_the_cache(hub):
+    # The environment alone (HF_ENDPOINT, HF_HOME, HF_HUB_CACHE set by the fixture)
+    # steers huggingface_hub in a fresh process, as it does for users.
+    command = [sys.executable, "-m", "keras_mha.cli", "inspect", "org/tiny-llama"]
+    command += ["--format", "json"]
+
+    def run():
+        completed = subprocess.run(
+            command, capture_output=True, text=True, env=environment_for_subprocess(), timeout=60
+        )
+        assert completed.returncode == 0, completed.stderr
+        return json.loads(completed.stdout)
+
+    online = run()
+    assert online["source"] == "hub" and hub.resolve_requests()
+    hub.stop()
+    cached = run()
+    assert cached["source"] == "hub"
+    assert cached["commit"] == online["commit"] is not None
+    assert cached["parameters"] == online["parameters"]
+
+
 # -- start-up: no keras, no backend, no huggingface_hub -------------------------------------
 
 _IMPORT_PROBE = (
