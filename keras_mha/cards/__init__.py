@@ -36,3 +36,18 @@ __all__ = [
     "list_bundled",
     "load_config",
 ]
+
+# Rebuilding layers imports keras, which `keras-mha inspect` must never do: these two
+# names are imported on first use (PEP 562).
+_LAZY_REBUILD_NAMES = {
+    "build_attention": "keras_mha.cards.rebuild",
+    "load_attention_weights": "keras_mha.cards.checkpoint_weights",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY_REBUILD_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY_REBUILD_NAMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
