@@ -363,7 +363,8 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
         # BERT's prediction head: dense + LayerNorm transform, decoder tied to the embeddings.
         lm_head += _linear(hidden, hidden, True) + _norm(spec, hidden) + spec.vocab_size
         if not spec.tie_word_embeddings:
-            lm_head += spec.vocab_size * hidden
+            # An untied decoder keeps its own weight and its own bias.
+            lm_head += _linear(hidden, spec.vocab_size, True)
     if spec.pooler:
         other += _linear(hidden, hidden, True)
     if spec.vision is not None:

@@ -1238,13 +1238,19 @@ def _read_bert(reader: _Reader, family: str) -> dict:
 
 
 def _read_t5(reader: _Reader, family: str) -> dict:
-    """T5 / Flan-T5: encoder-decoder, relative position buckets, no biases, RMS norms."""
-    hidden = reader.require_int(("d_model", "hidden_size"), what="hidden size")
-    heads = reader.require_int(("num_heads", "num_attention_heads"), what="number of heads")
-    encoder_layers = reader.require_int(("num_layers",), what="number of encoder layers")
+    """T5 / Flan-T5: encoder-decoder, relative position buckets, no biases, RMS norms.
+
+    As in transformers' T5Config, the generic aliases (`hidden_size`, `num_attention_heads`,
+    `num_hidden_layers`, `head_dim`) win over `d_model`, `num_heads`, `num_layers`, `d_kv`.
+    """
+    hidden = reader.require_int(("hidden_size", "d_model"), what="hidden size")
+    heads = reader.require_int(("num_attention_heads", "num_heads"), what="number of heads")
+    encoder_layers = reader.require_int(
+        ("num_hidden_layers", "num_layers"), what="number of encoder layers"
+    )
     decoder_layers = reader.optional_int(("num_decoder_layers",)) or encoder_layers
     fields = _common_fields(reader)
-    head_dim = reader.require_int(("d_kv", "head_dim"), what="head size (d_kv)")
+    head_dim = reader.require_int(("head_dim", "d_kv"), what="head size (d_kv)")
     projection = reader.get("feed_forward_proj", "relu") or "relu"
     gated = projection.startswith("gated-")
     d_ff = reader.require_int(("d_ff",), what="feed-forward size (d_ff)")
@@ -1277,13 +1283,16 @@ def _read_t5(reader: _Reader, family: str) -> dict:
 
 
 def _read_bart(reader: _Reader, family: str) -> dict:
-    """BART: encoder-decoder, learned positions (offset 2) in each stack, post-norm."""
-    hidden = reader.require_int(("d_model", "hidden_size"), what="hidden size")
-    decoder_heads = reader.require_int(
-        ("decoder_attention_heads", "num_attention_heads"), what="decoder heads"
-    )
+    """BART: encoder-decoder, learned positions (offset 2) in each stack, post-norm.
+
+    transformers' BartConfig aliases `hidden_size`, `num_attention_heads` and
+    `num_hidden_layers` to `d_model` and the *encoder's* heads and layers; when a config
+    holds both spellings the generic one wins, so it is read first here too.
+    """
+    hidden = reader.require_int(("hidden_size", "d_model"), what="hidden size")
+    decoder_heads = reader.require_int(("decoder_attention_heads",), what="decoder heads")
     encoder_heads = reader.require_int(
-        ("encoder_attention_heads", "num_attention_heads"), what="encoder heads"
+        ("num_attention_heads", "encoder_attention_heads"), what="encoder heads"
     )
     decoder_layers = reader.require_int(("decoder_layers",), what="number of decoder layers")
     fields = _common_fields(reader)
@@ -1313,7 +1322,9 @@ def _read_bart(reader: _Reader, family: str) -> dict:
         learned_position_tables=2,
         rope_theta=None,
         is_encoder_decoder=True,
-        num_encoder_layers=reader.require_int(("encoder_layers",), what="encoder layers"),
+        num_encoder_layers=reader.require_int(
+            ("num_hidden_layers", "encoder_layers"), what="encoder layers"
+        ),
         encoder_attention_heads=encoder_heads,
         encoder_head_dim=_head_dim(reader, hidden, encoder_heads),
         encoder_intermediate_size=reader.require_int(("encoder_ffn_dim",), what="encoder ffn"),
