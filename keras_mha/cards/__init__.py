@@ -10,6 +10,7 @@ Example:
 """
 
 from keras_mha.cards.bundled import bundled_config_path, list_bundled
+from keras_mha.cards.costs import KVCacheCost, ParameterCounts, kv_cache_cost, parameter_counts
 from keras_mha.cards.errors import (
     CardError,
     ConfigError,
@@ -21,6 +22,7 @@ from keras_mha.cards.errors import (
     RevisionNotFound,
 )
 from keras_mha.cards.hub import LoadedConfig, load_config
+from keras_mha.cards.spec import ModelSpec, from_config
 
 __all__ = [
     "CardError",
@@ -28,13 +30,19 @@ __all__ = [
     "ConfigFileNotFound",
     "GatedRepository",
     "HubUnreachable",
+    "KVCacheCost",
     "LoadedConfig",
     "MalformedConfig",
+    "ModelSpec",
+    "ParameterCounts",
     "RepositoryNotFound",
     "RevisionNotFound",
     "bundled_config_path",
+    "from_config",
+    "kv_cache_cost",
     "list_bundled",
     "load_config",
+    "parameter_counts",
 ]
 
 # Rebuilding layers imports keras, which `keras-mha inspect` must never do: these two
