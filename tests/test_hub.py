@@ -334,3 +334,24 @@ def test_offline_legacy_id_answers_with_the_canonical_repo_id(hub, monkeypatch):
     loaded = load_config("gpt2")
     assert loaded.source == "bundled"
     assert loaded.model_id == "openai-community/gpt2"
+
+
+def test_installed_wheel_layout_is_found_first(tmp_path, monkeypatch):
+    # In a wheel the cards sit inside the package (pyproject: force-include cards ->
+    # keras_mha/_bundled_cards); a `cards/` beside the package must not be used then.
+    from keras_mha.cards import bundled
+
+    package = tmp_path / "site-packages" / "keras_mha"
+    wheel_cards, checkout_cards = package / "_bundled_cards", package.parent / "cards"
+    for root, name in ((wheel_cards, "in-wheel"), (checkout_cards, "beside")):
+        (root / "org" / name).mkdir(parents=True)
+        (root / "org" / name / "config.json").write_text("{}")
+    monkeypatch.setattr(bundled, "_PACKAGE_DIRECTORY", package)
+    bundled._index.cache_clear()
+    try:
+        assert bundled.bundled_cards_root() == wheel_cards
+        assert bundled.list_bundled() == ["org/in-wheel"]
+        loaded = load_config("bundled:org/in-wheel")
+        assert loaded.path == wheel_cards / "org" / "in-wheel" / "config.json"
+    finally:
+        bundled._index.cache_clear()
