@@ -1070,9 +1070,11 @@ def _read_falcon(reader: _Reader, family: str) -> dict:
     heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
     num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
     fields = _common_fields(reader)
-    new_architecture = reader.as_bool(
-        "new_decoder_architecture", _FALCON_ALIASES.get(reader.model_type, False)
-    )
+    if reader.has("new_decoder_architecture") or reader.model_type not in _FALCON_ALIASES:
+        new_architecture = reader.as_bool("new_decoder_architecture", False)
+    else:
+        # Remote-code Falcon configs: "RefinedWeb" (40B) had the new architecture.
+        new_architecture = _FALCON_ALIASES[reader.model_type]
     if new_architecture:
         _, kv_heads = reader.first(("num_kv_heads", "n_head_kv", "num_key_value_heads"))
         kv_heads = heads if kv_heads is None else reader.as_int("num_kv_heads", kv_heads)
