@@ -132,14 +132,22 @@ def measure_transformers(model: str, repeat: int) -> tuple[Timing | None, dict |
         # A directory with only config.json, as transformers expects from a checkpoint.
         shutil.copy(config_path, Path(directory) / "config.json")
         command = [sys.executable, "-c", _TRANSFORMERS_SCRIPT, directory]
-        seconds, details = [], {}
-        for _ in range(repeat):
+        seconds, runs = [], []
+        for run in range(repeat + 1):
             start = time.perf_counter()
             completed = subprocess.run(command, capture_output=True, text=True, env=environment)
-            seconds.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
             if completed.returncode != 0:
                 return None, f"failed: {completed.stderr.strip().splitlines()[-1:]}"
-            details = json.loads(completed.stdout.strip().splitlines()[-1])
+            if run:  # the first run warms the file cache, as for the other commands
+                seconds.append(elapsed)
+                runs.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+    # Medians of the in-process split, so it describes the same runs as the wall times.
+    details = {
+        "import_s": round(statistics.median(run["import_s"] for run in runs), 4),
+        "instantiate_s": round(statistics.median(run["instantiate_s"] for run in runs), 4),
+        "parameters": runs[-1]["parameters"],
+    }
     shown = f"python -c <import torch, transformers; {Path(config_path).parent.name} on meta>"
     return Timing("transformers meta-device instantiation", shown, seconds), details
 
@@ -216,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if isinstance(transformers_details, dict):
         print(
-            f"  transformers split: imports {transformers_details['import_s']:.2f}s, "
+            f"  transformers split (medians): imports {transformers_details['import_s']:.2f}s, "
             f"instantiation {transformers_details['instantiate_s']:.2f}s, "
             f"{transformers_details['parameters']:,} parameters"
         )
