@@ -25,6 +25,10 @@ shrunk config. Known, documented differences of transformers' implementation:
 - Falcon's `new_decoder_architecture` attention broadcasts its `num_kv_heads` K/V
   heads to all query heads before caching; the cost model counts the distinct heads.
 
+DeepSeek's MLA: transformers >= 5 caches the latent as two one-head tensors (the
+normalised `kv_lora_rank` part and the rope key of `qk_rope_head_dim`), exactly the
+cost model's default `mla_cache="latent"`.
+
 Also checked on the full-size configs: the layer kinds and windows the cost model uses
 match the layer types transformers derives for its cache.
 """

@@ -417,11 +417,11 @@ def kv_cache_cost(
         batch: sequences.
         kv_dtype: one of float32, bfloat16, float16, float8, int8, int4 (half a byte).
         encoder_seq_len: encoder tokens for encoder-decoders; `seq_len` when None.
-        mla_cache: for MLA models, "latent" (what DeepSeek's own inference code and
-            vLLM/SGLang cache: `kv_lora_rank + qk_rope_head_dim` per token per layer) or
-            "expanded" (what transformers' DeepseekV2/V3 attention caches: keys of
-            `num_heads * (qk_nope_head_dim + qk_rope_head_dim)` and values of
-            `num_heads * v_head_dim` per token per layer).
+        mla_cache: for MLA models, "latent" (`kv_lora_rank + qk_rope_head_dim` per token
+            per layer: what DeepSeek's inference code, vLLM, SGLang and transformers >= 5
+            cache) or "expanded" (keys of `num_heads * (qk_nope_head_dim +
+            qk_rope_head_dim)` and values of `num_heads * v_head_dim` per token per layer:
+            what transformers 4's DeepseekV2/V3 attention cached after `kv_b_proj`).
 
     Raises:
         ValueError: a bad `kv_dtype`, `mla_cache`, `seq_len`, `batch` or `encoder_seq_len`.
@@ -495,8 +495,8 @@ def kv_cache_cost(
         notes.append(f"sliding-window layers hold at most {spec.sliding_window} tokens")
     if cache_format == "mla_latent":
         notes.append(
-            "MLA caches the latent (kv_lora_rank + qk_rope_head_dim) per token and layer; "
-            "transformers' eager code caches the expanded keys and values instead"
+            "MLA caches its latent (kv_lora_rank + qk_rope_head_dim per token and layer), "
+            "not per-head keys and values"
         )
     if any(kind == "none" for kind in spec.layer_kinds):
         notes.append(

@@ -585,7 +585,7 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
     reader = _Reader(text_config, text_model_type or model_type, defaults, where)
 
     fields = _READERS.get(family, _read_llama_like)(reader, family)
-    fields.update(_head_fields(raw, architecture, family, fields, spec_warnings))
+    fields.update(_head_fields(architecture, family, spec_warnings))
     if isinstance(raw.get("vision_config"), Mapping):
         vision = _read_vision(raw["vision_config"], model_type)
         if vision is None:
@@ -826,7 +826,7 @@ def _read_llama_like(reader: _Reader, family: str) -> dict:
     )
 
     if family in ("deepseek_v2", "deepseek_v3") or reader.get("kv_lora_rank"):
-        fields.update(_mla_fields(reader, heads))
+        fields.update(_mla_fields(reader))
         kv_heads = heads
         head_dim = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
         value_head_dim = fields["v_head_dim"]
@@ -867,7 +867,7 @@ def _read_llama_like(reader: _Reader, family: str) -> dict:
     return fields
 
 
-def _mla_fields(reader: _Reader, heads: int) -> dict:
+def _mla_fields(reader: _Reader) -> dict:
     """DeepSeek's multi-head latent attention ranks."""
     q_lora_rank = reader.get("q_lora_rank")
     return {
@@ -1393,9 +1393,7 @@ _READERS = {
 }
 
 
-def _head_fields(
-    raw: Mapping, architecture: str | None, family: str, fields: Mapping, notes: list[str]
-) -> dict:
+def _head_fields(architecture: str | None, family: str, notes: list[str]) -> dict:
     """What sits on top of the stack, from the class `architectures[0]` names."""
     if architecture is None:
         kind = {"bert": "base", "t5": "lm", "bart": "base"}.get(family, "lm")
