@@ -210,8 +210,8 @@ def head_parallel_layout_map(mesh, model_axis="model", model=None, layout_map=No
         >>> with distribution.scope():
         ...     inputs = keras.Input((16, 64))
         ...     model = keras.Model(inputs, attention(inputs))
-        >>> attention.key_kernel.value.sharding.spec
-        PartitionSpec(None, 'model', None)
+        >>> tuple(attention.key_kernel.value.sharding.spec)
+        (None, 'model', None)
     """
     axis_size = _mesh_axis_size(mesh, model_axis)
     if layout_map is None:

@@ -41,6 +41,7 @@ def kv_cache_layout(mesh, num_key_value_heads, model_axis="model", batch_axis=No
             (other than 1) is not divisible by the size of `model_axis`.
 
     Example:
+        >>> devices = [f"cpu:{i}" for i in range(8)]
         >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
         >>> kv_cache_layout(mesh, num_key_value_heads=4, batch_axis="batch").axes
         ('batch', None, None, 'model', None)
