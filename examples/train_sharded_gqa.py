@@ -96,6 +96,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32, help="global batch (all devices)")
     args = parser.parse_args()
+    keras.utils.set_random_seed(0)
 
     devices = keras.distribution.list_devices("cpu")
     mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
