@@ -82,7 +82,10 @@ def load_card(card_id: str) -> dict:
 
 def transformers_config(raw: dict):
     """The transformers config for a raw dict, without remote-code and quantisation keys."""
-    clean = {k: v for k, v in raw.items() if k not in ("auto_map", "quantization_config")}
+    # transformers edits nested dicts (rope_scaling) in place: hand it a copy.
+    clean = {
+        k: copy.deepcopy(v) for k, v in raw.items() if k not in ("auto_map", "quantization_config")
+    }
     try:
         config_class = transformers.CONFIG_MAPPING[clean["model_type"]]
     except KeyError:
@@ -212,6 +215,24 @@ def test_layer_kinds_match_the_cache_layout_transformers_derives(card_id):
     assert tuple(LAYER_TYPE_KINDS[layer_type] for layer_type in layer_types) == spec.layer_kinds
     windows = {kwargs["sliding_window"] for kwargs in layer_kwargs if "sliding_window" in kwargs}
     assert windows == ({spec.sliding_window} if spec.sliding_window else set())
+
+
+@pytest.mark.parametrize("card_id", CARD_IDS)
+def test_configs_resaved_by_transformers_read_the_same(card_id):
+    """transformers 5 rewrites configs (rope_parameters, layer_types, filled defaults)."""
+    raw = load_card(card_id)
+    resaved = json.loads(transformers_config(raw).to_json_string())
+    original, reread = from_config(raw), from_config(resaved)
+    for name in ("layer_kinds", "sliding_window", "num_key_value_heads", "head_dim", "rope_theta"):
+        assert getattr(reread, name) == getattr(original, name), name
+    assert reread.rope_local_theta == original.rope_local_theta
+    assert reread.attention_scale == pytest.approx(original.attention_scale)
+    assert kv_cache_cost(reread, seq_len=8192) == kv_cache_cost(original, seq_len=8192)
+    if card_id == "google/flan-t5-base":
+        # The re-saved file says tie_word_embeddings=true (T5Config forces it): 222.9M, not 247.6M.
+        assert parameter_counts(reread).total == parameter_counts(original).total - 32128 * 768
+    else:
+        assert parameter_counts(reread) == parameter_counts(original)
 
 
 # -- KV cache on shrunk configs ---------------------------------------------------------------

@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -552,7 +553,8 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
         raise ConfigError(
             f"config must be a JSON object (a dict), got {type(config).__name__}: {config!r:.80}"
         )
-    raw = dict(config)
+    # A deep copy: the spec is frozen, so later edits of the caller's dict must not reach it.
+    raw = copy.deepcopy(dict(config))
     model_type = raw.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise ConfigError(f"model_type={model_type!r} in config.json must be a string")
