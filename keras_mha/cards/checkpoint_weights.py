@@ -410,6 +410,14 @@ class _Loader:
         ):
             weight = self.read(key)
             self.check_rank(key, weight, 2)
+            expected = (heads * self.head_dim, self.layer._query_features)
+            if weight.shape != expected:
+                raise CheckpointError(
+                    f"{self.checkpoint.describe()}: {key!r} has shape {tuple(weight.shape)}, but "
+                    f"the layer {self.layer.name!r} expects {expected} for its {variable}_kernel "
+                    f"(num_heads={self.heads}, num_key_value_heads={self.kv_heads}, "
+                    f"head_dim={self.head_dim}, {self.layer._query_features} input features)"
+                )
             self.put(f"{variable}_kernel", _from_linear(weight, heads, self.head_dim), key)
             bias = self.require_bias(f"{variable}_bias", key)
             if bias is not None:
