@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -364,7 +365,6 @@ def _probe_hub(huggingface_hub, repo_id, revision, token, endpoint, timeout) -> 
 def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, token):
     """Map a huggingface_hub / HTTP-client error to a CardError, or to a string saying why
     the Hub is unreachable (the caller then tries the bundled card), or None if unknown."""
-    import httpx2
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -417,7 +417,7 @@ def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, t
         )
     if isinstance(error, OfflineModeIsEnabled):
         return "offline mode is on (HF_HUB_OFFLINE) and config.json is not in the HF cache"
-    if isinstance(error, httpx2.TransportError):
+    if isinstance(error, _network_error_types()):
         return f"the Hub could not be reached ({_describe_network_error(error)})"
     if isinstance(error, HfHubHTTPError):
         status = error.response.status_code if error.response is not None else None
@@ -432,6 +432,23 @@ def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, t
             f"{_first_line(error)}"
         )
     return None
+
+
+def _network_error_types() -> tuple[type[BaseException], ...]:
+    """Connection and timeout errors of whichever HTTP client huggingface_hub uses.
+
+    huggingface_hub 2.x raises httpx2's, 1.x httpx's and 0.x requests' own classes;
+    only clients already imported (by huggingface_hub) are looked at.
+    """
+    types: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module_name, class_names in (
+        ("httpx2", ("TransportError",)),
+        ("httpx", ("TransportError",)),
+        ("requests", ("ConnectionError", "Timeout")),
+    ):
+        module = sys.modules.get(module_name)
+        types += [getattr(module, name) for name in class_names if hasattr(module, name)]
+    return tuple(types)
 
 
 def _describe_network_error(error: BaseException) -> str:
