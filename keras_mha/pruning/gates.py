@@ -1,0 +1,101 @@
+"""Reading and writing head gates, also in the middle of `fit` on JAX.
+
+During `fit`, Keras's JAX trainer does not read variables at each step: it
+takes their values once (`_get_jax_state(..., purge_model_variables=True)`,
+which empties the variables), threads them through the jitted train step, and
+writes them back only at the end of the epoch (`jax_state_sync()`). A gate
+written to the variable mid-epoch would be ignored by the following steps and
+then overwritten by the stale copy at the end of the epoch.
+
+So before reading or writing gates we call `model.jax_state_sync()`: it puts
+the trainer's current values back into the variables and marks the state as
+synced, which makes the trainer take the values from the variables again
+(gates included) before its next step. (Keras's `Callback.model` property
+does the same sync on access; these helpers also work with a model reached
+any other way.) On TensorFlow and PyTorch the train step reads the variables
+themselves, so nothing is needed.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_mha.pruning.discovery import require_attention_layers
+
+
+def sync_training_state(model):
+    """Make `model`'s variables current on JAX while `fit` holds their values.
+
+    A no-op outside `fit`, when already synced, and on other backends.
+
+    Example:
+        >>> class Probe(keras.callbacks.Callback):
+        ...     def on_train_batch_end(self, batch, logs=None):
+        ...         sync_training_state(self.model)
+        ...         print(self.model.layers[1].head_gates.numpy())
+    """
+    if keras.backend.backend() != "jax":
+        return
+    if getattr(model, "_jax_state", None) and not getattr(model, "_jax_state_synced", True):
+        model.jax_state_sync()
+
+
+def get_head_gates(model):
+    """The gates of every attention layer, as `{path: np.ndarray(num_heads)}`.
+
+    Example:
+        >>> get_head_gates(model)
+        {'block_0/attention': array([1., 1., 1., 1.], dtype=float32)}
+    """
+    layers = require_attention_layers(model)
+    sync_training_state(model)
+    return {
+        path: np.array(keras.ops.convert_to_numpy(layer.head_gates))
+        for path, layer in layers.items()
+    }
+
+
+def set_head_gates(model, gates):
+    """Set the gates of some attention layers of `model` (safe during `fit`).
+
+    Every entry is checked before any gate is written, so on error the model
+    is unchanged.
+
+    Args:
+        model: a model with keras-mha attention layers.
+        gates: `{path: array of num_heads values}` with paths as in
+            `find_attention_layers(model)`; layers not named keep their gates.
+
+    Example:
+        >>> set_head_gates(model, {"block_0/attention": [1, 0, 1, 1]})
+    """
+    layers = require_attention_layers(model)
+    checked = {}
+    for path, values in gates.items():
+        if path not in layers:
+            raise ValueError(
+                f"`gates` names the layer {path!r}, which is not an attention layer of the model; "
+                f"expected one of {list(layers)}."
+            )
+        values = np.asarray(values, dtype="float32")
+        expected = (layers[path].num_heads,)
+        if values.shape != expected:
+            raise ValueError(
+                f"`gates[{path!r}]` has shape {values.shape}; expected {expected} (one gate per "
+                "query head)."
+            )
+        checked[path] = values
+    sync_training_state(model)
+    for path, values in checked.items():
+        layers[path].head_gates.assign(values)
+
+
+def pruned_heads_from_gates(gates):
+    """`{path: sorted indices of heads whose gate is 0}` from `get_head_gates` output.
+
+    Example:
+        >>> pruned_heads_from_gates({"attention": np.array([1.0, 0.0, 1.0, 0.0])})
+        {'attention': [1, 3]}
+    """
+    return {path: [int(h) for h in np.flatnonzero(values == 0)] for path, values in gates.items()}
