@@ -329,7 +329,8 @@ def _load_from_hub(
         raise
     except HFValidationError as error:
         raise RepositoryNotFound(
-            f"{repo_id}: not a valid Hub model id and not an existing local path ({error}); "
+            f"{repo_id}: not a valid Hub model id and not an existing local path "
+            f"({_first_line(error)}); "
             "pass org/name, a directory holding config.json, or bundled:org/name"
         ) from None
     except Exception as error:  # noqa: BLE001 - every huggingface_hub error is translated below
