@@ -15,6 +15,16 @@ import pytest
 BACKEND_FOR_BACKEND_INDEPENDENT_TESTS = "torch"
 
 
+# JAX compiles every eager op with XLA; on a 2-core CI machine the LLVM
+# optimisation of those many tiny programs is most of the JAX leg's time. The
+# tests check float32 results to 1e-5, which unoptimised code meets exactly as
+# well, so they skip the expensive passes (halves the leg: 88 s -> 39 s for
+# test_layers_api.py). Set before anything imports jax; a caller's XLA_FLAGS win.
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+)
+
+
 def current_backend() -> str:
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 

@@ -290,6 +290,10 @@ class GroupedQueryAttention(keras.layers.Layer):
             self.key_norm_scale = self.add_weight(
                 name="key_norm_scale", shape=(head_dim,), initializer="ones"
             )
+        if self.rotary_embedding is not None:
+            # No weights, but an unbuilt sublayer makes Model.fit/predict run an
+            # extra eager pass first to build it.
+            self.rotary_embedding.build((None, None, heads, head_dim))
         # The pruning hook: 1 keeps a head, 0 silences it. Not trained; saved with
         # the weights, so a half-pruned model resumes where it stopped.
         self.head_gates = self.add_weight(
