@@ -188,6 +188,17 @@ def test_namings_are_detected_from_the_keys():
     )
 
 
+def test_the_language_model_is_picked_over_a_vision_tower():
+    keys = [
+        "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight",
+    ]
+    names = find_attention_tensors(keys, 0)
+    assert names.query == "model.language_model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(CheckpointError, match="several attention blocks for layer_index=0"):
+        find_attention_tensors([*keys, "other.layers.0.self_attn.q_proj.weight"], 0)
+
+
 def test_unknown_and_unsupported_namings_are_named():
     with pytest.raises(CheckpointError, match="Falcon's fused self_attention.query_key_value"):
         find_attention_tensors(["transformer.h.0.self_attention.query_key_value.weight"], 0)
@@ -530,9 +541,13 @@ def test_sharded_and_bfloat16_checkpoints(decoder_checkpoints, tmp_path):
     assert SafetensorsCheckpoint(tmp_path / "bf16").get("lm_head.weight").dtype == np.float32
     widened = build_attention(spec, 1)
     load_attention_weights(widened, tmp_path / "bf16", 1)
+    bfloat16_layer = build_attention(spec, 1, dtype="bfloat16")
+    load_attention_weights(bfloat16_layer, tmp_path / "bf16", 1)
     for name, value in weights_of(single).items():
         rounded = torch.from_numpy(value).to(torch.bfloat16).float().numpy()
         np.testing.assert_array_equal(weights_of(widened)[name], rounded, err_msg=name)
+        in_bfloat16 = weights_of(bfloat16_layer)[name].astype(np.float32)
+        np.testing.assert_array_equal(in_bfloat16, rounded, err_msg=name)
 
 
 @pytest.mark.slow

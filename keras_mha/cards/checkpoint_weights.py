@@ -220,18 +220,31 @@ def _prefixes(keys: Iterable[str], pattern: str) -> list[str]:
     return sorted({m.group("prefix") for key in keys if (m := compiled.fullmatch(key))})
 
 
+_VISION_WORDS = ("vision", "visual", "image")
+
+
 def _pick_prefix(prefixes: list[str], attention: str, layer_index: int, where: str) -> str:
-    """One block prefix; for encoder-decoders the stack's name decides between candidates."""
-    if len(prefixes) > 1:
-        stack = "encoder." if attention == "encoder" else "decoder."
-        in_stack = [p for p in prefixes if stack in p]
-        if len(in_stack) == 1:
-            return in_stack[0]
-        raise CheckpointError(
-            f"{where} holds several attention blocks for layer_index={layer_index}: "
-            f"{prefixes}; cannot tell which one is meant"
-        )
-    return prefixes[0]
+    """One block prefix when several stacks share a naming.
+
+    The language model is wanted, not a vision tower (multimodal checkpoints keep a
+    SigLIP encoder with the same `layers.{i}.self_attn` names); of an encoder-decoder,
+    the decoder for "self" and "cross", the encoder for "encoder".
+    """
+    if len(prefixes) == 1:
+        return prefixes[0]
+    text = [p for p in prefixes if not any(word in p for word in _VISION_WORDS)]
+    if attention == "encoder":
+        candidates = [p for p in text if "encoder." in p]
+    else:
+        candidates = [p for p in text if "decoder." in p] or [
+            p for p in text if "encoder." not in p
+        ]
+    if len(candidates) == 1:
+        return candidates[0]
+    raise CheckpointError(
+        f"{where} holds several attention blocks for layer_index={layer_index} "
+        f"(attention={attention!r}): {prefixes}; cannot tell which one is meant"
+    )
 
 
 def find_attention_tensors(
@@ -545,9 +558,12 @@ class _Loader:
             )
 
     def assign(self) -> None:
+        # keras casts, so a bfloat16 layer works although NumPy has no bfloat16.
+        from keras import ops
+
         for variable_name, value in self.values.items():
             variable = getattr(self.layer, variable_name)
-            variable.assign(value.astype(variable.dtype))
+            variable.assign(ops.cast(value, variable.dtype))
 
 
 def _family_of_checkpoint(directory: Path, spec) -> str | None:
