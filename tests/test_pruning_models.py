@@ -26,7 +26,9 @@ class Block(keras.layers.Layer):
         self.norm = keras.layers.LayerNormalization(name="norm")
 
     def build(self, input_shape):
-        self.attention.build(input_shape)
+        # A deserialised attention layer arrives built (with its pruned shape).
+        if not self.attention.built:
+            self.attention.build(input_shape)
         self.norm.build(input_shape)
 
     def call(self, x):

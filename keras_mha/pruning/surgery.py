@@ -1,0 +1,84 @@
+"""Model-level physical removal of the heads whose gate is 0."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_mha.layers.head_surgery import plan_head_removal
+from keras_mha.pruning.discovery import require_attention_layers
+from keras_mha.pruning.gates import sync_training_state
+
+
+def _fresh_optimizer(optimizer):
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        # Its slot variables have the old shapes; start again from its config.
+        return optimizer.__class__.from_config(optimizer.get_config())
+    return optimizer
+
+
+def prune_heads(model, heads=None, recompile=True):
+    """Physically remove attention heads from every keras-mha layer of `model`.
+
+    By default the heads removed are those whose gate is 0 (what `HeadPruning`
+    gated off), so the pruned model computes the same outputs as the gated
+    one, with smaller kernels, fewer parameters and fewer FLOPs. A KV head goes
+    with the last of its query heads. Every layer's removal is checked before
+    any layer changes, so on error the model is untouched.
+
+    The pruned model saves to `.keras` and loads back with its new shape.
+    Compiled functions are dropped (they hold the old variables), and a
+    compiled model is compiled again with the same loss and metrics and a
+    fresh optimizer of the same configuration (its slot variables had the old
+    shapes, so optimizer state such as momentum starts again).
+
+    Args:
+        model: a built model with keras-mha attention layers.
+        heads: None (remove gated-off heads) or `{path: head indices}` for the
+            layers to prune; paths as in `find_attention_layers`.
+        recompile: compile a compiled model again (see above).
+
+    Returns:
+        `{path: sorted removed head indices}` for every attention layer.
+
+    Example:
+        >>> set_head_gates(model, {"block_0/attention": [1, 0, 1, 0]})
+        >>> prune_heads(model)
+        {'block_0/attention': [1, 3]}
+        >>> model.save("pruned.keras")
+    """
+    layers = require_attention_layers(model)
+    sync_training_state(model)
+    if heads is None:
+        requested = {
+            path: np.flatnonzero(keras.ops.convert_to_numpy(layer.head_gates) == 0).tolist()
+            for path, layer in layers.items()
+        }
+    else:
+        unknown = sorted(set(heads) - set(layers))
+        if unknown:
+            raise ValueError(
+                f"`heads` names {unknown}, which are not attention layers of the model; expected "
+                f"paths among {list(layers)}."
+            )
+        requested = {path: list(heads.get(path, ())) for path in layers}
+    removal = {}
+    for path, layer in layers.items():
+        try:
+            kept, _ = plan_head_removal(layer.num_heads, layer.num_key_value_heads, requested[path])
+        except ValueError as error:
+            raise ValueError(f"Cannot prune layer {path!r}: {error}") from None
+        removal[path] = sorted(set(range(layer.num_heads)) - set(kept))
+
+    compile_config = None
+    if recompile and getattr(model, "compiled", False) and hasattr(model, "_compile_config"):
+        compile_config = dict(model._compile_config.config)
+    for path, layer in layers.items():
+        if removal[path]:
+            layer.prune_heads(removal[path])
+    # Traced train/test/predict functions captured the old variables.
+    model.train_function = model.test_function = model.predict_function = None
+    if compile_config is not None:
+        compile_config["optimizer"] = _fresh_optimizer(compile_config["optimizer"])
+        model.compile(**compile_config)
+    return removal
