@@ -37,11 +37,6 @@ ATTENTION_PARTS = ("self", "cross", "encoder")
 SUPPORTED_ROPE_SCALINGS = ("default", "linear", "llama3")
 DEFAULT_ROPE_THETA = 10000.0
 
-# Families whose attention layers apply no position encoding of their own
-# (Jamba's Mamba layers carry the order), although their configs mention RoPE.
-_NO_POSITION_IN_ATTENTION = frozenset({"jamba"})
-
-
 def _where(spec: ModelSpec, layer_index: int, attention: str) -> str:
     part = "" if attention == "self" else f" ({attention} attention)"
     return f"layer {layer_index}{part} of this {spec.model_type} model"
@@ -189,7 +184,7 @@ def attention_layer_arguments(
             "attention_scale": head_dim**-0.5,
         }
 
-    use_rope = layer.use_rope and spec.family not in _NO_POSITION_IN_ATTENTION
+    use_rope = layer.use_rope
     scale = layer.scale
     if spec.family == "gpt2" and spec.raw.get("scale_attn_by_inverse_layer_idx"):
         # GPT-2 option (ModelSpec has no field for it): layer i divides its logits by i + 1.

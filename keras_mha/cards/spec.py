@@ -299,7 +299,7 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
 
     # -- positions -----------------------------------------------------------------------------
-    position_embedding: str = "rope"
+    position_embedding: str = "rope"  # "rope" | "learned" | "alibi" | "relative" | "none"
     max_position_embeddings: int | None = None
     learned_position_rows: int = 0
     learned_position_tables: int = 0
@@ -822,7 +822,9 @@ def _read_llama_like(reader: _Reader, family: str) -> dict:
         mlp_bias=reader.as_bool("mlp_bias", False) if family in ("llama", "deepseek_v2") else False,
         norm_type="rms",
         norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
-        position_embedding="rope",
+        # Jamba's attention layers apply no position encoding: its Mamba layers
+        # carry the order, although the config inherits rope keys.
+        position_embedding="none" if family == "jamba" else "rope",
         sliding_window=window,
         notes=notes,
     )
