@@ -1,0 +1,387 @@
+"""`keras-mha bench layers`: keras-mha's attention layers against Keras's built-ins.
+
+On the current backend (`KERAS_BACKEND`) and with the same shapes in one run,
+it measures
+
+- `mha`: `keras_mha.layers.MultiHeadAttention` against
+  `keras.layers.MultiHeadAttention`, forward and forward+backward;
+- `gqa`: `keras_mha.layers.GroupedQueryAttention` against
+  `keras.layers.GroupQueryAttention` (which repeats K/V), forward and
+  forward+backward;
+- `decode`: one cached decode step of `GroupedQueryAttention` at a context of
+  `--decode-context` tokens (a fixed-shape KV cache from `init_cache`, the
+  position passed as a tensor `cache_index`, a step compiled once) against
+  recomputing the whole causal sequence of context + 1 tokens with our layer,
+  and with `keras.layers.GroupQueryAttention` for reference.
+
+How:
+
+- Both sides get the same weights and inputs, and are compiled and
+  differentiated the same way (`keras_mha.benchmarks.compiled`): `jax.jit` on
+  JAX; `tf.function(jit_compile=True)` (XLA) on TensorFlow, or plain
+  `tf.function` with `--no-tf-jit-compile`; eager on PyTorch, or
+  `torch.compile` with `--torch-compile`. Forward+backward is
+  `mean(output ** 2)` and its gradients with respect to the input and every
+  trainable weight, by the backend's own autodiff. `max |diff|` checks that
+  both sides computed the same thing.
+- Time: the median of `--repeats` calls (`--decode-repeats` for the decode
+  step) after `--warmup` calls, the first of which compiles, in a fresh
+  process per measurement with the backend's default allocator.
+- Peak memory: in another fresh process per measurement, where freed memory
+  goes back to the operating system (`keras_mha.benchmarks.memory`), after
+  the same warm-up: the highest resident set size (kernel high-water mark)
+  during 3 calls minus the RSS just before them. That is the memory the call
+  itself allocates - activations, attention logits, repeated K/V, gradients -
+  not weights, inputs or compiled code. It is the same measurement on every
+  backend.
+- `--in-process` measures in this process instead (faster, used by the
+  tests); memory figures are then rough (TensorFlow keeps freed memory in its
+  pool, for one).
+
+Example:
+    >>> from keras_mha.benchmarks.layers import main
+    >>> main(["--seq-len", "64", "--decode-context", "64", "--repeats", "3"])  # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from keras_mha.benchmarks.compiled import CompileOptions
+from keras_mha.benchmarks.layers_report import evaluate_targets, format_markdown, format_table
+from keras_mha.benchmarks.measure_layers import (
+    CASES,
+    DECODE_STEP,
+    FORWARD,
+    FORWARD_BACKWARD,
+    KERAS,
+    MEMORY_CALLS,
+    OURS,
+    RECOMPUTE,
+    WORKER_MARKER,
+    BenchmarkConfig,
+    measure,
+    measurement_plan,
+)
+from keras_mha.benchmarks.memory import ALLOCATOR_ENVIRONMENT
+
+__all__ = ["BenchmarkConfig", "format_markdown", "format_table", "main", "run_benchmark"]
+
+# A relative memory saving is only reported when the Keras side allocates this
+# much; below it the RSS moves with allocator noise rather than the computation.
+MEMORY_NOISE_FLOOR_MB = 1.0
+
+
+def _run_in_fresh_process(request: dict, environment: dict) -> dict:
+    completed = subprocess.run(
+        [sys.executable, "-m", "keras_mha.benchmarks.measure_layers", json.dumps(request)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for line in reversed(completed.stdout.splitlines()):
+        if line.startswith(WORKER_MARKER):
+            return json.loads(line[len(WORKER_MARKER) :])
+    raise RuntimeError(
+        f"the benchmark process for {request['spec']} ({request['purpose']}) failed with exit "
+        f"status {completed.returncode}:\n{completed.stderr[-4000:]}"
+    )
+
+
+def _measure_isolated(spec: dict, config: BenchmarkConfig, output_path: str) -> dict:
+    """Time in one fresh process, measure memory in another; merge the figures."""
+    base = {**os.environ}
+    base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    request = {"spec": spec, "config": config.to_dict()}
+    timing = _run_in_fresh_process({**request, "purpose": "time", "output_path": output_path}, base)
+    memory = _run_in_fresh_process(
+        {**request, "purpose": "memory"}, {**base, **ALLOCATOR_ENVIRONMENT}
+    )
+    return {
+        **timing,
+        **{key: memory[key] for key in ("peak_bytes", "first_call_peak_bytes", "memory_method")},
+    }
+
+
+def _max_abs_diff(path_a: str, path_b: str) -> float | None:
+    import numpy as np
+
+    if not (os.path.exists(path_a) and os.path.exists(path_b)):
+        return None
+    return float(np.max(np.abs(np.load(path_a) - np.load(path_b))))
+
+
+def _megabytes(value: int | None) -> float | None:
+    return None if value is None else value / 2**20
+
+
+def _ratio(numerator, denominator):
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _comparisons(config, measurements, outputs) -> list[dict]:
+    rows = []
+    for case in ("mha", "gqa"):
+        if case not in config.cases:
+            continue
+        for mode in (FORWARD, FORWARD_BACKWARD):
+            ours, builtin = measurements[(case, OURS, mode)], measurements[(case, KERAS, mode)]
+            ours_mb, keras_mb = _megabytes(ours["peak_bytes"]), _megabytes(builtin["peak_bytes"])
+            saving = None
+            if ours_mb is not None and keras_mb is not None and keras_mb >= MEMORY_NOISE_FLOOR_MB:
+                saving = 1.0 - ours_mb / keras_mb
+            rows.append(
+                {
+                    "case": case,
+                    "mode": mode,
+                    "ours_ms": ours["median_ms"],
+                    "keras_ms": builtin["median_ms"],
+                    "speedup": _ratio(builtin["median_ms"], ours["median_ms"]),
+                    "ours_peak_mb": ours_mb,
+                    "keras_peak_mb": keras_mb,
+                    "memory_saving": saving,
+                    "max_abs_diff": _max_abs_diff(
+                        outputs[(case, OURS, mode)], outputs[(case, KERAS, mode)]
+                    ),
+                }
+            )
+    return rows
+
+
+def _decode_summary(config, measurements, outputs) -> dict | None:
+    if "decode" not in config.cases:
+        return None
+    step = measurements[("decode", OURS, DECODE_STEP)]
+    rows = []
+    for implementation, mode in ((OURS, DECODE_STEP), (OURS, RECOMPUTE), (KERAS, RECOMPUTE)):
+        measured = measurements[("decode", implementation, mode)]
+        rows.append(
+            {
+                "implementation": implementation,
+                "mode": mode,
+                "median_ms": measured["median_ms"],
+                "peak_mb": _megabytes(measured["peak_bytes"]),
+                "speedup_of_step": _ratio(measured["median_ms"], step["median_ms"]),
+                "max_abs_diff_vs_step": _max_abs_diff(
+                    outputs[("decode", implementation, mode)],
+                    outputs[("decode", OURS, DECODE_STEP)],
+                ),
+            }
+        )
+    return {
+        "context": config.decode_context,
+        "rows": rows,
+        "step_traces": step["traces"],
+        "step_positions_before_timing": step["calls_before_measuring"],
+    }
+
+
+def run_benchmark(config: BenchmarkConfig, progress=None) -> dict:
+    """Run every measurement of `config` and return the results as a dict.
+
+    Args:
+        config: a `BenchmarkConfig`.
+        progress: optional callable receiving one line per measurement.
+
+    Returns:
+        A JSON-ready dict: `date`, `machine`, `environment` (backend, versions,
+        device), `settings`, `measurements` (one per case/implementation/mode,
+        with every timed call), `comparisons` (keras-mha against Keras per
+        case and mode: times, `speedup` = Keras time / keras-mha time, peak
+        MB, `memory_saving` = 1 - ours / Keras, `max_abs_diff`), `decode`
+        (step, recomputes, `speedup_of_step` = time / step time) and
+        `targets` (issue 2's targets, met or missed).
+
+    Example:
+        >>> results = run_benchmark(BenchmarkConfig(seq_len=32, decode_context=32,
+        ...                                         repeats=2, isolate=False))
+        >>> [row["case"] for row in results["comparisons"]]  # doctest: +SKIP
+        ['mha', 'mha', 'gqa', 'gqa']
+    """
+    config.validate()
+    measurements, outputs, environment = {}, {}, None
+    with tempfile.TemporaryDirectory(prefix="keras-mha-bench-") as scratch:
+        for number, spec in enumerate(measurement_plan(config)):
+            key = (spec["case"], spec["implementation"], spec["mode"])
+            output_path = str(Path(scratch) / f"output_{number}.npy")
+            if progress:
+                progress(f"measuring {spec['case']} / {spec['implementation']} / {spec['mode']}")
+            if config.isolate:
+                figures = _measure_isolated(spec, config, output_path)
+            else:
+                figures = measure(spec, config, purpose="both", output_path=output_path)
+            environment = figures.pop("environment")
+            measurements[key], outputs[key] = figures, output_path
+        comparisons = _comparisons(config, measurements, outputs)
+        decode = _decode_summary(config, measurements, outputs)
+
+    measurement_rows = []
+    for figures in measurements.values():
+        row = {k: v for k, v in figures.items() if not k.endswith("_bytes")}
+        row["peak_mb"] = _megabytes(figures["peak_bytes"])
+        row["first_call_peak_mb"] = _megabytes(figures["first_call_peak_bytes"])
+        measurement_rows.append(row)
+    options = CompileOptions(config.tf_jit_compile, config.torch_compile)
+    settings = {
+        **config.to_dict(),
+        "features": config.features,
+        "compiled": options.describe(environment["backend"]),
+        "memory_calls": MEMORY_CALLS,
+        "memory_method": ", ".join(sorted({f["memory_method"] for f in measurements.values()})),
+        "isolation": (
+            "a fresh process per measurement for time and another for memory"
+            if config.isolate
+            else "in-process"
+        ),
+    }
+    results = {
+        "benchmark": "keras-mha bench layers",
+        "date": datetime.date.today().isoformat(),
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+        },
+        "environment": environment,
+        "settings": settings,
+        "measurements": measurement_rows,
+        "comparisons": comparisons,
+        "decode": decode,
+    }
+    results["targets"] = evaluate_targets(results)
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = BenchmarkConfig()
+    parser = argparse.ArgumentParser(
+        prog="keras-mha bench layers",
+        description=(
+            "Time keras-mha attention layers against keras.layers.MultiHeadAttention and "
+            "keras.layers.GroupQueryAttention on the current KERAS_BACKEND: forward, "
+            "forward+backward and cached decode, with peak memory."
+        ),
+    )
+    add = parser.add_argument
+    add("--batch", type=int, default=defaults.batch, help="batch size (default %(default)s)")
+    add(
+        "--seq-len",
+        type=int,
+        default=defaults.seq_len,
+        help="sequence length of the mha and gqa cases (default %(default)s)",
+    )
+    add("--heads", type=int, default=defaults.heads, help="query heads (default %(default)s)")
+    add(
+        "--kv-heads",
+        type=int,
+        default=defaults.kv_heads,
+        help="key/value heads of the gqa and decode cases (default %(default)s)",
+    )
+    add("--head-dim", type=int, default=defaults.head_dim, help="head size (default %(default)s)")
+    add("--hidden", type=int, default=None, help="input/output features (default heads*head-dim)")
+    add(
+        "--decode-context",
+        type=int,
+        default=defaults.decode_context,
+        help="tokens in the KV cache before the decode step (default %(default)s)",
+    )
+    add(
+        "--repeats",
+        type=int,
+        default=defaults.repeats,
+        help="timed calls per measurement; the median is reported (default %(default)s)",
+    )
+    add(
+        "--decode-repeats",
+        type=int,
+        default=defaults.decode_repeats,
+        help="timed decode steps (default %(default)s)",
+    )
+    add(
+        "--warmup",
+        type=int,
+        default=defaults.warmup,
+        help="untimed calls first; the first compiles (default %(default)s)",
+    )
+    add("--cases", default=",".join(CASES), help="comma-separated subset of %(default)s")
+    add(
+        "--no-causal",
+        dest="causal",
+        action="store_false",
+        help="non-causal attention in the mha and gqa cases (default: causal)",
+    )
+    add(
+        "--no-tf-jit-compile",
+        dest="tf_jit_compile",
+        action="store_false",
+        help="TensorFlow: plain tf.function instead of tf.function(jit_compile=True)",
+    )
+    add("--torch-compile", action="store_true", help="PyTorch: wrap the calls in torch.compile")
+    add(
+        "--in-process",
+        dest="isolate",
+        action="store_false",
+        help="measure in this process instead of fresh processes (rough memory figures)",
+    )
+    add("--format", choices=("table", "json", "markdown"), default="table")
+    add("--quiet", action="store_true", help="no progress lines on stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from command-line arguments, print the report, return 0 (2 on bad flags).
+
+    Example:
+        >>> main(["--cases", "decode", "--decode-context", "256", "--format", "json"])
+        ... # doctest: +SKIP
+        0
+    """
+    args = _parser().parse_args(argv)
+    config = BenchmarkConfig(
+        batch=args.batch,
+        seq_len=args.seq_len,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        hidden=args.hidden,
+        decode_context=args.decode_context,
+        repeats=args.repeats,
+        decode_repeats=args.decode_repeats,
+        warmup=args.warmup,
+        causal=args.causal,
+        cases=tuple(case.strip() for case in args.cases.split(",") if case.strip()),
+        tf_jit_compile=args.tf_jit_compile,
+        torch_compile=args.torch_compile,
+        isolate=args.isolate,
+    )
+    try:
+        config.validate()
+    except ValueError as error:
+        sys.stderr.write(f"keras-mha bench layers: error: {error}\n")
+        return 2
+    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    results = run_benchmark(config, progress=progress)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(results, indent=2) + "\n")
+    elif args.format == "markdown":
+        sys.stdout.write(format_markdown(results))
+    else:
+        sys.stdout.write(format_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
