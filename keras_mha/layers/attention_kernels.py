@@ -129,15 +129,16 @@ def grouped_attention(
     return output, weights_per_head
 
 
-def fused_attention(query, key, value, mask=None, *, scale, is_causal=False, flash_attention=None):
+def fused_attention(query, key, value, mask=None, *, scale, is_causal=False):
     """The backend's fastest attention primitive, without repeating K/V.
 
     Args:
         query, key, value, mask, scale: as in `grouped_attention`.
         is_causal: apply a causal mask (aligned at position 0) in the kernel
             instead of through `mask`; only used when `mask` is None.
-        flash_attention: passed to `keras.ops.dot_product_attention` on JAX
-            (None: let the backend decide).
+
+    On JAX, Keras picks cuDNN flash attention by itself where the GPU, dtype
+    and shapes allow (`flash_attention=None`); forcing it would fail on CPU.
 
     Returns:
         `(B, T, H, Dv)` in the dtype of `value`.
@@ -166,7 +167,6 @@ def fused_attention(query, key, value, mask=None, *, scale, is_causal=False, fla
             mask=mask,
             scale=scale,
             is_causal=is_causal and mask is None,
-            flash_attention=flash_attention if backend == "jax" else None,
         )
     else:
         if is_causal and mask is None:

@@ -498,7 +498,6 @@ class GroupedQueryAttention(keras.layers.Layer):
                 mask,
                 scale=scale,
                 is_causal=plain_causal,
-                flash_attention=self.flash_attention,
             )
         else:
             heads, scores = attention_kernels.grouped_attention(
