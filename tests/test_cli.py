@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -284,24 +283,6 @@ def test_inspect_imports_no_keras_backend_or_hub(tmp_path, model, output_format)
     )
     result = json.loads(completed.stderr)
     assert result == {"exit_code": 0, "heavy": []}
-
-
-def test_inspect_starts_fast(tmp_path):
-    """The console script, bundled card, JSON out: best of 5 wall times.
-
-    The target is < 0.25 s on a 2-core CPU (see `keras-mha bench inspect`); the bound
-    here is looser because the test machine may be busy, yet still far below what any
-    import of numpy, keras or huggingface_hub would cost.
-    """
-    command = [sys.executable, "-m", "keras_mha.cli", "inspect", f"bundled:{LLAMA_3}"]
-    command += ["--format", "json"]
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        completed = subprocess.run(command, capture_output=True, timeout=60)
-        times.append(time.perf_counter() - start)
-        assert completed.returncode == 0, completed.stderr
-    assert min(times) < 0.5, times
 
 
 # -- cards and bench --------------------------------------------------------------------------
