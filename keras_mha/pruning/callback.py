@@ -1,0 +1,267 @@
+"""`HeadPruning`: gate off attention heads step by step during `fit`."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import keras
+import numpy as np
+
+from keras_mha.pruning import policy
+from keras_mha.pruning.batches import Batches, resolve_loss
+from keras_mha.pruning.discovery import require_attention_layers
+from keras_mha.pruning.gates import get_head_gates, pruned_heads_from_gates, set_head_gates
+from keras_mha.pruning.importance import check_method, head_importance
+from keras_mha.pruning.surgery import prune_heads
+
+
+def _check_epoch(name, value, minimum=0):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}; received {value!r}.")
+    return int(value)
+
+
+class HeadPruning(keras.callbacks.Callback):
+    """Prune attention heads during `fit` by setting their gates to 0.
+
+    At each scheduled epoch, before that epoch trains, the callback scores the
+    heads still active (`head_importance`) and gates off the least important
+    ones until the schedule's share of `target` is reached. Shapes do not
+    change, so nothing is recompiled, and the remaining epochs fine-tune the
+    rest of the model around the silenced heads. Afterwards,
+    `keras_mha.pruning.prune_heads(model)` (or `remove_at_end=True`) removes the
+    gated heads physically.
+
+    Schedule: pruning steps happen at epochs `start_epoch, start_epoch +
+    frequency, ...` up to `end_epoch` (0-based, as `fit` counts them; epochs
+    before `start_epoch` are warm-up). With `n` steps, step `k` brings the
+    total removed to `round(k / n * target_heads)`: the target is reached
+    linearly, at `end_epoch`.
+
+    Resuming: the only state is in the model. Heads with gate 0 count as
+    pruned, and gates are saved with the weights, so after
+    `model.save(...)` / `keras.models.load_model(...)` a new `HeadPruning`
+    with the same arguments, used in `fit(..., initial_epoch=e)`, carries on
+    with the schedule where it stopped.
+
+    Logs: at the end of every epoch, `logs` (and so `model.fit(...).history`)
+    get `"pruned_heads"` (heads gated off so far, all layers) and, per
+    attention layer, `"head_gates/<path>"` (its gates, an array); on epochs
+    with a pruning step also `"head_importance/<path>"` (the scores used).
+    Callbacks before this one in the list do not see these keys (put a
+    `TensorBoard` callback, which logs scalars only, before it).
+
+    Args:
+        target: heads to remove: a fraction in (0, 1) of the heads, or a
+            number of heads; of all heads (`scope="global"`) or of each layer
+            (`scope="per_layer"`).
+        data: what heads are scored on (not needed for `"magnitude"`):
+            `(x, y)` arrays, a dataset, or an iterable of batches (see
+            `keras_mha.pruning.batches.Batches`). Use held-out data.
+        method: `"taylor"`, `"ablation"` or `"magnitude"` (see `head_importance`).
+        scope: `"global"` (rank heads across layers) or `"per_layer"`.
+        gqa_policy: `"group"` (remove a KV head with all its query heads) or
+            `"query"` (remove query heads within groups, every group keeping
+            the same size); see `keras_mha.pruning.policy`.
+        start_epoch: first pruning epoch; earlier epochs are warm-up.
+        end_epoch: last pruning epoch (default `start_epoch`: one step).
+        frequency: epochs between pruning steps.
+        min_heads_per_layer: heads every layer keeps (at least 1).
+        loss: loss to score with; default the model's compiled loss.
+        batch_size: batch size for array `data`.
+        max_batches: score on at most this many batches.
+        heatmap_dir: if set, save `head_pruning_epoch_XXX.png` there at each
+            step (importance and pruned heads, layers x heads).
+        remove_at_end: physically remove the gated heads when `fit` ends
+            (the model is then compiled again; see `prune_heads`).
+        verbose: 1 prints one line per pruning step.
+
+    Example:
+        >>> pruning = HeadPruning(target=0.5, data=(x_val, y_val), start_epoch=2,
+        ...                       end_epoch=6, frequency=2)
+        >>> history = model.fit(x, y, epochs=10, callbacks=[pruning])
+        >>> history.history["pruned_heads"][-1]
+        8
+        >>> prune_heads(model)  # physically remove them
+    """
+
+    def __init__(
+        self,
+        target,
+        data=None,
+        method="taylor",
+        scope="global",
+        gqa_policy="group",
+        start_epoch=1,
+        end_epoch=None,
+        frequency=1,
+        min_heads_per_layer=1,
+        loss=None,
+        batch_size=32,
+        max_batches=None,
+        heatmap_dir=None,
+        remove_at_end=False,
+        verbose=0,
+    ):
+        super().__init__()
+        policy.check_target(target)
+        check_method(method)
+        policy.check_scope(scope)
+        policy.check_policy(gqa_policy)
+        policy.check_min_heads(min_heads_per_layer)
+        self.start_epoch = _check_epoch("start_epoch", start_epoch)
+        self.end_epoch = (
+            self.start_epoch if end_epoch is None else _check_epoch("end_epoch", end_epoch)
+        )
+        if self.end_epoch < self.start_epoch:
+            raise ValueError(f"`end_epoch`={end_epoch!r} must be >= `start_epoch`={start_epoch!r}.")
+        self.frequency = _check_epoch("frequency", frequency, minimum=1)
+        self.target = target
+        self.method = method
+        self.scope = scope
+        self.gqa_policy = gqa_policy
+        self.min_heads_per_layer = int(min_heads_per_layer)
+        self.loss = loss
+        self.batches = None
+        if method != "magnitude":
+            if data is None:
+                raise ValueError(
+                    f"`data` is None but `method`={method!r} scores heads on data; pass "
+                    "held-out (x, y) or a dataset, or use method='magnitude'."
+                )
+            self.batches = Batches(data, batch_size=batch_size, max_batches=max_batches)
+        self.heatmap_dir = heatmap_dir
+        self.remove_at_end = bool(remove_at_end)
+        self.verbose = verbose
+        self.prune_epochs = list(range(self.start_epoch, self.end_epoch + 1, self.frequency))
+        self.steps = []
+        self.removed = None
+        self._epoch_importance = None
+
+    # ----------------------------------------------------------- schedule
+    def _states(self, gates):
+        layers = require_attention_layers(self.model)
+        pruned = pruned_heads_from_gates(gates)
+        return [
+            policy.LayerState(
+                path, layer.num_heads, layer.num_key_value_heads, frozenset(pruned[path])
+            )
+            for path, layer in layers.items()
+        ]
+
+    def wanted_heads(self, epoch, states):
+        """Total heads the schedule wants removed after the step at `epoch`.
+
+        Example:
+            >>> HeadPruning(0.5, method="magnitude", start_epoch=1, end_epoch=3).prune_epochs
+            [1, 2, 3]
+        """
+        step = self.prune_epochs.index(epoch) + 1
+        share = step / len(self.prune_epochs)
+        final = policy.target_heads(self.target, states, self.scope)
+        if self.scope == "global":
+            return policy.round_half_up(final * share)
+        return {path: policy.round_half_up(count * share) for path, count in final.items()}
+
+    # ---------------------------------------------------------- callbacks
+    def on_train_begin(self, logs=None):
+        # Everything is checked here, before the first epoch changes anything.
+        gates = get_head_gates(self.model)
+        states = self._states(gates)
+        for state in states:
+            policy.removal_units(state, np.zeros(state.num_heads), self.gqa_policy)
+        policy.check_target_reachable(
+            self.target, states, self.scope, self.gqa_policy, self.min_heads_per_layer
+        )
+        if self.method != "magnitude":
+            resolve_loss(self.model, self.loss)
+        epochs = (self.params or {}).get("epochs")
+        if epochs is not None and self.end_epoch >= epochs:
+            warnings.warn(
+                f"HeadPruning: `end_epoch`={self.end_epoch} is not before `epochs`={epochs}; the "
+                "schedule will not reach its target in this fit.",
+                stacklevel=2,
+            )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_importance = None
+        if epoch in self.prune_epochs:
+            self.prune_step(epoch)
+
+    def prune_step(self, epoch):
+        """Run the pruning step scheduled at `epoch` now; returns the heads gated off.
+
+        Example:
+            >>> pruning.set_model(model); pruning.prune_step(epoch=1)
+            {'block_0/attention': [2], 'block_1/attention': [0, 3]}
+        """
+        gates = get_head_gates(self.model)
+        states = self._states(gates)
+        wanted = self.wanted_heads(epoch, states)
+        already = {state.path: len(state.pruned) for state in states}
+        missing = (
+            wanted - sum(already.values())
+            if self.scope == "global"
+            else sum(max(0, wanted[path] - count) for path, count in already.items())
+        )
+        new = {state.path: [] for state in states}
+        importance = None
+        if missing > 0:
+            importance = head_importance(
+                self.model, self.batches, method=self.method, loss=self.loss
+            )
+            new = policy.select_heads(
+                states, importance, wanted, self.scope, self.gqa_policy, self.min_heads_per_layer
+            )
+            for path, heads in new.items():
+                gates[path][heads] = 0.0
+            set_head_gates(self.model, {path: gates[path] for path, heads in new.items() if heads})
+        self._epoch_importance = importance
+        pruned = pruned_heads_from_gates(gates)
+        self.steps.append(
+            {"epoch": epoch, "importance": importance, "removed": new, "pruned": pruned}
+        )
+        if self.heatmap_dir is not None and importance is not None:
+            from keras_mha.pruning.heatmap import save_head_heatmap
+
+            os.makedirs(self.heatmap_dir, exist_ok=True)
+            save_head_heatmap(
+                os.path.join(self.heatmap_dir, f"head_pruning_epoch_{epoch:03d}.png"),
+                importance,
+                gates,
+                title=f"HeadPruning ({self.method}), epoch {epoch}",
+            )
+        if self.verbose:
+            total = sum(map(len, pruned.values()))
+            count = sum(state.num_heads for state in states)
+            print(
+                f"HeadPruning epoch {epoch}: gated off {sum(map(len, new.values()))} heads "
+                f"({total}/{count} pruned so far)"
+            )
+        return new
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        gates = get_head_gates(self.model)
+        logs["pruned_heads"] = int(sum(int(np.sum(values == 0)) for values in gates.values()))
+        for path, values in gates.items():
+            logs[f"head_gates/{path}"] = values
+        if self._epoch_importance is not None:
+            for path, scores in self._epoch_importance.items():
+                logs[f"head_importance/{path}"] = scores
+
+    def on_train_end(self, logs=None):
+        if self.remove_at_end:
+            self.removed = prune_heads(self.model)
+
+    @property
+    def pruned_heads(self):
+        """`{path: heads gated off}` in the model now.
+
+        Example:
+            >>> pruning.pruned_heads
+            {'block_0/attention': [2], 'block_1/attention': [0, 3]}
+        """
+        return pruned_heads_from_gates(get_head_gates(self.model))
