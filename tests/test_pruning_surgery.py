@@ -12,6 +12,7 @@ from keras_mha.pruning import (
     attention_flops,
     find_attention_layers,
     get_head_gates,
+    heads_to_prune,
     model_attention_flops,
     prune_heads,
     set_head_gates,
@@ -202,3 +203,30 @@ def test_attention_flops_agrees_with_xla_cost_analysis():
         ours = attention_flops(layer, 32)
         # XLA also counts softmax, biases, gates and masking: a few percent more.
         assert ours <= xla_flops <= 1.1 * ours, (heads, kv_heads, ours, xla_flops)
+
+
+def test_heads_to_prune_picks_the_least_important_and_changes_nothing():
+    keras.utils.set_random_seed(9)
+    model = block_model()
+    scores = {
+        "block_0/attention": np.array([0.4, 0.1, 0.9, 0.3]),
+        "block_1/attention": np.array([0.2, 0.25, 0.8, 0.7]),
+        "block_2/attention": np.array([0.5, 0.6, 0.05, 0.95]),
+    }
+    before = all_variables(model)
+    heads = heads_to_prune(model, scores, target=4, gqa_policy="query")
+    assert_untouched(model, before)
+    # In score order: MQA head 2 (0.05), MHA heads 1, 3, 0 (0.1, 0.3, 0.4); the GQA unit
+    # (one head per group: {0, 3}, mean 0.45) would come next.
+    assert heads == {
+        "block_0/attention": [0, 1, 3],
+        "block_1/attention": [],
+        "block_2/attention": [2],
+    }
+    set_head_gates(model, {"block_0/attention": [1, 0, 1, 1]})
+    again = heads_to_prune(model, scores, target=4, gqa_policy="query")
+    assert again["block_0/attention"] == [0, 3]  # head 1 is already gated: counted, not repeated
+    with pytest.raises(ValueError, match=r"`importance` must map every attention layer to 4"):
+        heads_to_prune(model, {"block_0/attention": scores["block_0/attention"]}, target=2)
+    with pytest.raises(ValueError, match=r"`target`=11 asks to remove 11 of 12 heads"):
+        heads_to_prune(model, scores, target=11)

@@ -3,6 +3,7 @@
 - `head_importance(model, data, method=...)`: one score per query head
   (`"taylor"`, `"ablation"`, `"magnitude"`).
 - `HeadPruning`: a callback that gates heads off step by step during `fit`.
+- `heads_to_prune(model, importance, target)`: pick heads in one go (no `fit`).
 - `prune_heads(model)`: physically remove gated-off heads (smaller kernels,
   same outputs).
 - `find_attention_layers`, `get_head_gates`, `set_head_gates`,
@@ -21,6 +22,7 @@ from keras_mha.pruning.flops import attention_flops, model_attention_flops
 from keras_mha.pruning.gates import get_head_gates, set_head_gates
 from keras_mha.pruning.heatmap import save_head_heatmap
 from keras_mha.pruning.importance import head_importance
+from keras_mha.pruning.selection import heads_to_prune
 from keras_mha.pruning.surgery import prune_heads
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "find_attention_layers",
     "get_head_gates",
     "head_importance",
+    "heads_to_prune",
     "model_attention_flops",
     "prune_heads",
     "save_head_heatmap",

@@ -10,9 +10,9 @@ import numpy as np
 
 from keras_mha.pruning import policy
 from keras_mha.pruning.batches import Batches, resolve_loss
-from keras_mha.pruning.discovery import require_attention_layers
 from keras_mha.pruning.gates import get_head_gates, pruned_heads_from_gates, set_head_gates
 from keras_mha.pruning.importance import check_method, head_importance
+from keras_mha.pruning.selection import layer_states
 from keras_mha.pruning.surgery import prune_heads
 
 
@@ -140,16 +140,6 @@ class HeadPruning(keras.callbacks.Callback):
         self._epoch_importance = None
 
     # ----------------------------------------------------------- schedule
-    def _states(self, gates):
-        layers = require_attention_layers(self.model)
-        pruned = pruned_heads_from_gates(gates)
-        return [
-            policy.LayerState(
-                path, layer.num_heads, layer.num_key_value_heads, frozenset(pruned[path])
-            )
-            for path, layer in layers.items()
-        ]
-
     def wanted_heads(self, epoch, states):
         """Total heads the schedule wants removed after the step at `epoch`.
 
@@ -167,8 +157,7 @@ class HeadPruning(keras.callbacks.Callback):
     # ---------------------------------------------------------- callbacks
     def on_train_begin(self, logs=None):
         # Everything is checked here, before the first epoch changes anything.
-        gates = get_head_gates(self.model)
-        states = self._states(gates)
+        states = layer_states(self.model)
         for state in states:
             policy.removal_units(state, np.zeros(state.num_heads), self.gqa_policy)
         policy.check_target_reachable(
@@ -197,7 +186,7 @@ class HeadPruning(keras.callbacks.Callback):
             {'block_0/attention': [2], 'block_1/attention': [0, 3]}
         """
         gates = get_head_gates(self.model)
-        states = self._states(gates)
+        states = layer_states(self.model)
         wanted = self.wanted_heads(epoch, states)
         already = {state.path: len(state.pruned) for state in states}
         missing = (

@@ -1,0 +1,73 @@
+"""Choosing heads to remove from a model in one go (outside `fit`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_mha.pruning import policy
+from keras_mha.pruning.discovery import require_attention_layers
+from keras_mha.pruning.gates import get_head_gates, pruned_heads_from_gates
+
+
+def layer_states(model):
+    """A `policy.LayerState` per attention layer, with the heads gated off now.
+
+    Example:
+        >>> [state.path for state in layer_states(model)]
+        ['mha', 'gqa']
+    """
+    layers = require_attention_layers(model)
+    pruned = pruned_heads_from_gates(get_head_gates(model))
+    return [
+        policy.LayerState(path, layer.num_heads, layer.num_key_value_heads, frozenset(pruned[path]))
+        for path, layer in layers.items()
+    ]
+
+
+def heads_to_prune(
+    model,
+    importance,
+    target,
+    scope="global",
+    gqa_policy="group",
+    min_heads_per_layer=1,
+):
+    """The least important heads to remove so that `target` heads are gone.
+
+    Heads already gated off count towards the target and are not returned.
+    The choice follows `keras_mha.pruning.policy` (units that keep every
+    layer a regular GQA layer, ascending importance). Nothing is changed:
+    apply the result with `set_head_gates` (masking) or `prune_heads(model,
+    heads=...)` (physical removal).
+
+    Args:
+        model: a model with keras-mha attention layers.
+        importance: `{path: scores}` as from `head_importance`.
+        target: a fraction in (0, 1) or a number of heads.
+        scope: `"global"` or `"per_layer"`.
+        gqa_policy: `"group"` or `"query"`.
+        min_heads_per_layer: heads every layer keeps (at least 1).
+
+    Returns:
+        `{path: sorted head indices to remove}` for every attention layer.
+
+    Example:
+        >>> scores = head_importance(model, data)
+        >>> heads = heads_to_prune(model, scores, target=0.3)
+        >>> prune_heads(model, heads=heads)
+    """
+    policy.check_target(target)
+    policy.check_scope(scope)
+    policy.check_policy(gqa_policy)
+    policy.check_min_heads(min_heads_per_layer)
+    states = layer_states(model)
+    for state in states:
+        scores = importance.get(state.path) if isinstance(importance, dict) else None
+        if scores is None or np.shape(scores) != (state.num_heads,):
+            raise ValueError(
+                f"`importance` must map every attention layer to {state.num_heads} scores for "
+                f"layer {state.path!r}; received {None if scores is None else np.shape(scores)}."
+            )
+    policy.check_target_reachable(target, states, scope, gqa_policy, min_heads_per_layer)
+    wanted = policy.target_heads(target, states, scope)
+    return policy.select_heads(states, importance, wanted, scope, gqa_policy, min_heads_per_layer)
