@@ -43,7 +43,8 @@ class HeadPruning(keras.callbacks.Callback):
     pruned, and gates are saved with the weights, so after
     `model.save(...)` / `keras.models.load_model(...)` a new `HeadPruning`
     with the same arguments, used in `fit(..., initial_epoch=e)`, carries on
-    with the schedule where it stopped.
+    with the schedule where it stopped. (Targets count the heads the layers
+    have, gated ones included: remove heads physically only after the schedule.)
 
     Logs: at the end of every epoch, `logs` (and so `model.fit(...).history`)
     get `"pruned_heads"` (heads gated off so far, all layers) and, per
@@ -185,6 +186,11 @@ class HeadPruning(keras.callbacks.Callback):
             >>> pruning.set_model(model); pruning.prune_step(epoch=1)
             {'block_0/attention': [2], 'block_1/attention': [0, 3]}
         """
+        if epoch not in self.prune_epochs:
+            raise ValueError(
+                f"`epoch`={epoch!r} is not a pruning epoch of this schedule; expected one of "
+                f"{self.prune_epochs}."
+            )
         gates = get_head_gates(self.model)
         states = layer_states(self.model)
         wanted = self.wanted_heads(epoch, states)
