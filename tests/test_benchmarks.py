@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from keras_mha.benchmarks import layers as bench
-from keras_mha.benchmarks.measure_layers import BenchmarkConfig, measurement_plan
+from keras_mha.benchmarks.measure_layers import BenchmarkConfig, measurement_plan, timing_groups
 from keras_mha.benchmarks.memory import PeakMemory, current_rss_bytes
 
 TINY = dict(
@@ -131,16 +131,34 @@ def test_cli_json_output_in_process(capsys):
 
 
 @pytest.mark.slow
-def test_fresh_process_measurement_reports_time_and_memory(tmp_path):
-    # The default path: one fresh process times the calls, another measures memory.
-    spec = {"case": "gqa", "implementation": "keras-mha", "mode": "forward"}
-    output_path = str(tmp_path / "output.npy")
-    figures = bench._measure_isolated(spec, BenchmarkConfig(**TINY), output_path)
-    assert figures["environment"]["backend"] == keras.backend.backend()
-    assert len(figures["times_ms"]) == 2 and _positive(figures["median_ms"])
-    assert figures["memory_method"] in ("kernel high-water mark", "sampled every 0.5 ms")
-    assert figures["peak_bytes"] is not None and figures["peak_bytes"] >= 0
-    assert np.load(output_path).shape == (1, 16, 32)
+def test_fresh_processes_time_a_comparison_and_measure_memory(tmp_path):
+    # The default path: one fresh process times both sides of a comparison with
+    # their calls interleaved; another measures one side's memory.
+    config = BenchmarkConfig(**TINY)
+    group = timing_groups(config)[2]
+    assert [(s["case"], s["mode"]) for s in group] == [("gqa", "forward")] * 2
+    paths = [str(tmp_path / "ours.npy"), str(tmp_path / "keras.npy")]
+    timed = bench.time_group(group, config, paths)
+    assert [f["implementation"] for f in timed] == ["keras-mha", "keras"]
+    for figures in timed:
+        assert figures["environment"]["backend"] == keras.backend.backend()
+        assert len(figures["times_ms"]) == 2 and _positive(figures["median_ms"])
+    ours, builtin = np.load(paths[0]), np.load(paths[1])
+    assert ours.shape == (1, 16, 32) and np.max(np.abs(ours - builtin)) < 1e-4
+
+    memory = bench.memory_of(group[1], config)
+    assert memory["memory_method"] in ("kernel high-water mark", "sampled every 0.5 ms")
+    assert memory["peak_bytes"] is not None and memory["peak_bytes"] >= 0
+
+
+@pytest.mark.backend_independent
+def test_timing_groups_pair_the_sides_of_each_comparison():
+    groups = timing_groups(BenchmarkConfig(cases=("mha", "decode")))
+    assert [[(s["implementation"], s["mode"]) for s in group] for group in groups] == [
+        [("keras-mha", "forward"), ("keras", "forward")],
+        [("keras-mha", "forward+backward"), ("keras", "forward+backward")],
+        [("keras-mha", "decode step"), ("keras-mha", "recompute"), ("keras", "recompute")],
+    ]
 
 
 @pytest.mark.backend_independent

@@ -58,8 +58,9 @@ class CompiledCall:
 
     Attributes:
         run: the call. Returns the result as backend tensors.
-        traces: how many times the Python function was traced (compiled);
-            0 for eager PyTorch, where nothing is traced.
+        traces: how many times the Python function was traced (JAX,
+            TensorFlow) or how many graphs Inductor compiled (`torch.compile`);
+            0 for eager PyTorch, where nothing is compiled.
 
     Example:
         >>> call = compile_forward(layer, x, lambda x: (x,), {})
@@ -84,6 +85,24 @@ def scalar_loss(output):
     from keras import ops
 
     return ops.mean(ops.square(ops.cast(output, "float32")))
+
+
+def _torch_compile(function, traces):
+    """`torch.compile(function)`, counting in `traces[0]` the graphs Inductor compiles.
+
+    A Python counter inside a compiled function would count calls, not
+    compilations (TorchDynamo replays side effects on every call), so the count
+    comes from a backend that wraps Inductor.
+    """
+    import torch
+
+    inductor = torch._dynamo.lookup_backend("inductor")
+
+    def counting_inductor(graph_module, example_inputs):
+        traces[0] += 1
+        return inductor(graph_module, example_inputs)
+
+    return torch.compile(function, backend=counting_inductor)
 
 
 def _backend() -> str:
@@ -141,16 +160,15 @@ def compile_forward(layer, x, arguments, call_kwargs, options=CompileOptions()):
         import torch
 
         def forward(x):
-            traces[0] += 1
             return layer(*arguments(x), **call_kwargs)
 
-        compiled = torch.compile(forward) if options.torch_compile else forward
+        compiled = _torch_compile(forward, traces) if options.torch_compile else forward
 
         def run():
             with torch.no_grad():
                 return compiled(x)
 
-        return CompiledCall(run, traces if options.torch_compile else [0])
+        return CompiledCall(run, traces)
     raise ValueError(f"KERAS_BACKEND={backend!r} is not supported; use jax, tensorflow or torch.")
 
 
@@ -204,13 +222,14 @@ def compile_forward_backward(layer, x, arguments, call_kwargs, options=CompileOp
         leaf = x.detach().clone().requires_grad_(True)
 
         def forward_backward(leaf):
-            traces[0] += 1
             value = scalar_loss(layer(*arguments(leaf), **call_kwargs))
             torch.autograd.grad(value, [leaf, *parameters])
             return value.detach()
 
-        compiled = torch.compile(forward_backward) if options.torch_compile else forward_backward
-        return CompiledCall(lambda: compiled(leaf), traces if options.torch_compile else [0])
+        compiled = (
+            _torch_compile(forward_backward, traces) if options.torch_compile else forward_backward
+        )
+        return CompiledCall(lambda: compiled(leaf), traces)
     raise ValueError(f"KERAS_BACKEND={backend!r} is not supported; use jax, tensorflow or torch.")
 
 
@@ -270,15 +289,14 @@ def compile_decode_step(layer, cache, options=CompileOptions()):
         import torch
 
         def step(token, cache, cache_index):
-            traces[0] += 1
             return layer(token, cache=cache, cache_index=cache_index)
 
-        compiled = torch.compile(step) if options.torch_compile else step
+        compiled = _torch_compile(step, traces) if options.torch_compile else step
 
         def run(token, cache_index):
             with torch.no_grad():
                 output, state["cache"] = compiled(token, state["cache"], cache_index)
             return output
 
-        return CompiledCall(run, traces if options.torch_compile else [0])
+        return CompiledCall(run, traces)
     raise ValueError(f"KERAS_BACKEND={backend!r} is not supported; use jax, tensorflow or torch.")

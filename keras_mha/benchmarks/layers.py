@@ -25,15 +25,16 @@ How:
   trainable weight, by the backend's own autodiff. `max |diff|` checks that
   both sides computed the same thing.
 - Time: the median of `--repeats` calls (`--decode-repeats` for the decode
-  step) after `--warmup` calls, the first of which compiles, in a fresh
-  process per measurement with the backend's default allocator.
-- Peak memory: in another fresh process per measurement, where freed memory
-  goes back to the operating system (`keras_mha.benchmarks.memory`), after
-  the same warm-up: the highest resident set size (kernel high-water mark)
-  during 3 calls minus the RSS just before them. That is the memory the call
-  itself allocates - activations, attention logits, repeated K/V, gradients -
-  not weights, inputs or compiled code. It is the same measurement on every
-  backend.
+  step) after `--warmup` calls, the first of which compiles. The
+  implementations being compared are timed in one fresh process, their calls
+  taking turns (A B, B A, ...), so that other work on the machine slows both
+  alike; the process uses the backend's default allocator.
+- Peak memory: in a fresh process per measurement, where freed memory goes
+  back to the operating system (`keras_mha.benchmarks.memory`), after the
+  same warm-up: the highest resident set size (kernel high-water mark) during
+  3 calls minus the RSS just before them. That is the memory the call itself
+  allocates - activations, attention logits, repeated K/V, gradients - not
+  weights, inputs or compiled code, measured the same way on every backend.
 - `--in-process` measures in this process instead (faster, used by the
   tests); memory figures are then rough (TensorFlow keeps freed memory in its
   pool, for one).
@@ -69,8 +70,9 @@ from keras_mha.benchmarks.measure_layers import (
     RECOMPUTE,
     WORKER_MARKER,
     BenchmarkConfig,
-    measure,
-    measurement_plan,
+    measure_memory,
+    time_interleaved,
+    timing_groups,
 )
 from keras_mha.benchmarks.memory import ALLOCATOR_ENVIRONMENT
 
@@ -81,7 +83,7 @@ __all__ = ["BenchmarkConfig", "format_markdown", "format_table", "main", "run_be
 MEMORY_NOISE_FLOOR_MB = 1.0
 
 
-def _run_in_fresh_process(request: dict, environment: dict) -> dict:
+def _run_in_fresh_process(request: dict, environment: dict):
     completed = subprocess.run(
         [sys.executable, "-m", "keras_mha.benchmarks.measure_layers", json.dumps(request)],
         env=environment,
@@ -92,25 +94,51 @@ def _run_in_fresh_process(request: dict, environment: dict) -> dict:
     for line in reversed(completed.stdout.splitlines()):
         if line.startswith(WORKER_MARKER):
             return json.loads(line[len(WORKER_MARKER) :])
+    what = request.get("specs") or request.get("spec")
     raise RuntimeError(
-        f"the benchmark process for {request['spec']} ({request['purpose']}) failed with exit "
-        f"status {completed.returncode}:\n{completed.stderr[-4000:]}"
+        f"the benchmark process for {what} ({request['purpose']}) failed with exit status "
+        f"{completed.returncode}:\n{completed.stderr[-4000:]}"
     )
 
 
-def _measure_isolated(spec: dict, config: BenchmarkConfig, output_path: str) -> dict:
-    """Time in one fresh process, measure memory in another; merge the figures."""
-    base = {**os.environ}
-    base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    request = {"spec": spec, "config": config.to_dict()}
-    timing = _run_in_fresh_process({**request, "purpose": "time", "output_path": output_path}, base)
-    memory = _run_in_fresh_process(
-        {**request, "purpose": "memory"}, {**base, **ALLOCATOR_ENVIRONMENT}
-    )
-    return {
-        **timing,
-        **{key: memory[key] for key in ("peak_bytes", "first_call_peak_bytes", "memory_method")},
+def _plain_environment() -> dict:
+    environment = {**os.environ}
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return environment
+
+
+def time_group(specs: list[dict], config: BenchmarkConfig, output_paths: list[str]) -> list[dict]:
+    """Time `specs` together (calls interleaved), in a fresh process unless `--in-process`.
+
+    Example:
+        >>> group = timing_groups(BenchmarkConfig(seq_len=32))[0]
+        >>> [f["median_ms"] > 0 for f in time_group(group, BenchmarkConfig(seq_len=32),
+        ...                                          [None, None])]  # doctest: +SKIP
+        [True, True]
+    """
+    if not config.isolate:
+        return time_interleaved(specs, config, output_paths)
+    request = {
+        "purpose": "time",
+        "specs": specs,
+        "config": config.to_dict(),
+        "output_paths": output_paths,
     }
+    return _run_in_fresh_process(request, _plain_environment())
+
+
+def memory_of(spec: dict, config: BenchmarkConfig) -> dict:
+    """Peak memory of one measurement, in a fresh process that returns freed memory.
+
+    Example:
+        >>> spec = {"case": "gqa", "implementation": "keras", "mode": "forward"}
+        >>> memory_of(spec, BenchmarkConfig(seq_len=32))["peak_bytes"] >= 0  # doctest: +SKIP
+        True
+    """
+    if not config.isolate:
+        return measure_memory(spec, config)
+    request = {"purpose": "memory", "spec": spec, "config": config.to_dict()}
+    return _run_in_fresh_process(request, {**_plain_environment(), **ALLOCATOR_ENVIRONMENT})
 
 
 def _max_abs_diff(path_a: str, path_b: str) -> float | None:
@@ -213,17 +241,25 @@ def run_benchmark(config: BenchmarkConfig, progress=None) -> dict:
     config.validate()
     measurements, outputs, environment = {}, {}, None
     with tempfile.TemporaryDirectory(prefix="keras-mha-bench-") as scratch:
-        for number, spec in enumerate(measurement_plan(config)):
-            key = (spec["case"], spec["implementation"], spec["mode"])
-            output_path = str(Path(scratch) / f"output_{number}.npy")
+        for group in timing_groups(config):
+            keys = [(spec["case"], spec["implementation"], spec["mode"]) for spec in group]
+            paths = [
+                str(Path(scratch) / f"output_{len(outputs) + n}.npy") for n in range(len(keys))
+            ]
             if progress:
-                progress(f"measuring {spec['case']} / {spec['implementation']} / {spec['mode']}")
-            if config.isolate:
-                figures = _measure_isolated(spec, config, output_path)
-            else:
-                figures = measure(spec, config, purpose="both", output_path=output_path)
-            environment = figures.pop("environment")
-            measurements[key], outputs[key] = figures, output_path
+                names = ", ".join(f"{implementation} {mode}" for _, implementation, mode in keys)
+                progress(f"timing {keys[0][0]}: {names}")
+            for key, path, figures in zip(
+                keys, paths, time_group(group, config, paths), strict=True
+            ):
+                environment = figures.pop("environment")
+                measurements[key], outputs[key] = figures, path
+            for key, spec in zip(keys, group, strict=True):
+                if progress:
+                    progress(f"memory of {key[0]}: {key[1]} {key[2]}")
+                memory = memory_of(spec, config)
+                for name in ("peak_bytes", "first_call_peak_bytes", "memory_method"):
+                    measurements[key][name] = memory[name]
         comparisons = _comparisons(config, measurements, outputs)
         decode = _decode_summary(config, measurements, outputs)
 
@@ -241,7 +277,7 @@ def run_benchmark(config: BenchmarkConfig, progress=None) -> dict:
         "memory_calls": MEMORY_CALLS,
         "memory_method": ", ".join(sorted({f["memory_method"] for f in measurements.values()})),
         "isolation": (
-            "a fresh process per measurement for time and another for memory"
+            "fresh processes: one per comparison for time, one per measurement for memory"
             if config.isolate
             else "in-process"
         ),

@@ -1,8 +1,11 @@
-"""One measurement of `keras-mha bench layers`: build, compile, warm up, time or measure memory.
+"""Measurements of `keras-mha bench layers`: build, compile, warm up, then time or measure memory.
 
-`keras_mha.benchmarks.layers` plans the measurements and runs each one here,
-usually in a fresh process (`python -m keras_mha.benchmarks.measure_layers
-REQUEST_JSON`), which prints its result as one JSON line.
+`keras_mha.benchmarks.layers` plans the measurements and runs them here,
+usually in fresh processes (`python -m keras_mha.benchmarks.measure_layers
+REQUEST_JSON`, which prints its answer as one JSON line): the measurements of
+one comparison are timed together, their calls interleaved
+(`time_interleaved`); the memory of each is measured in a process of its own
+(`measure_memory`).
 
 A measurement is one (case, implementation, mode):
 
@@ -31,8 +34,6 @@ CASES = ("mha", "gqa", "decode")
 FORWARD, FORWARD_BACKWARD = "forward", "forward+backward"
 DECODE_STEP, RECOMPUTE = "decode step", "recompute"
 OURS, KERAS = "keras-mha", "keras"
-# What a measurement process does: time the calls, measure their peak memory, or both.
-PURPOSES = ("time", "memory", "both")
 # Calls inside the peak-memory window (after the warm-up): the peak repeats each call.
 MEMORY_CALLS = 3
 
@@ -60,7 +61,8 @@ class BenchmarkConfig:
         cases: which of `mha`, `gqa`, `decode` to run.
         tf_jit_compile: XLA on TensorFlow.
         torch_compile: `torch.compile` on PyTorch.
-        isolate: fresh processes per measurement (one timing, one memory).
+        isolate: fresh processes: one per timing group (`timing_groups`) and
+            one per measurement for its memory.
 
     Example:
         >>> BenchmarkConfig(heads=8, head_dim=64).features
@@ -260,6 +262,8 @@ def _prepare(spec: dict, config: BenchmarkConfig):
         context = config.decode_context
         cache = layer.init_cache(config.batch, max_length=context + 1)
         _, cache = layer(x[:, :context], cache=cache, cache_index=0)  # prefill, untimed
+        # Eager torch would keep the prefill's autograd graph alive through the cache.
+        cache = ops.stop_gradient(cache)
         call = compiled.compile_decode_step(layer, cache, options)
         # The warm-up steps feed the last context positions their own tokens again
         # (the cache ends up holding the same keys and values), each at another
@@ -278,84 +282,143 @@ def _prepare(spec: dict, config: BenchmarkConfig):
     return call, [()] * config.warmup, ()
 
 
-def measure(
-    spec: dict, config: BenchmarkConfig, purpose: str = "both", output_path: str | None = None
-) -> dict:
-    """Run one measurement in this process and return its figures.
-
-    Args:
-        spec: `{"case", "implementation", "mode"}` from `measurement_plan`.
-        config: the run's `BenchmarkConfig`.
-        purpose: `"time"` (the timed calls), `"memory"` (peak memory of
-            `MEMORY_CALLS` calls, with freed memory returned to the operating
-            system first) or `"both"` (one after the other).
-        output_path: where to save the result of the last warm-up call
-            (`.npy`), for the cross-check between implementations.
-
-    Returns:
-        A dict with the spec and, by purpose, `times_ms`, `median_ms`,
-        `min_ms`, `traces`; `peak_bytes`, `first_call_peak_bytes`,
-        `memory_method`; and `environment`.
-
-    Example:
-        >>> spec = {"case": "gqa", "implementation": "keras-mha", "mode": "forward"}
-        >>> result = measure(spec, BenchmarkConfig(seq_len=32, repeats=2))  # doctest: +SKIP
-        >>> result["median_ms"] > 0  # doctest: +SKIP
-        True
-    """
+def _warm_up(call, warmup_calls, spec, output_path):
+    """Run the warm-up calls (the first compiles) and save the last result for the cross-check."""
     import numpy as np
     from keras import ops
 
-    from keras_mha.benchmarks.memory import PeakMemory, return_freed_memory_to_os
-
-    if purpose not in PURPOSES:
-        raise ValueError(f"`purpose` must be one of {PURPOSES}; got {purpose!r}")
-    call, warmup_calls, measured_call = _prepare(spec, config)
-
-    # The first call compiles; its peak (above the RSS before it) includes the compiler.
-    with PeakMemory() as first_call:
-        result = call.run(*warmup_calls[0])
-    for arguments in warmup_calls[1:]:
+    for arguments in warmup_calls:
         result = call.run(*arguments)
     if spec["mode"] == RECOMPUTE:
         result = result[:, -1:]  # the position that the decode step computes
     if output_path:
         np.save(output_path, np.asarray(ops.convert_to_numpy(result), dtype="float32"))
-    del result
-    gc.collect()
 
-    figures = {**spec, "purpose": purpose, "calls_before_measuring": len(warmup_calls)}
-    if purpose in ("time", "both"):
+
+def _rounds_for(calls: int, rounds: int) -> set[int]:
+    """`calls` round numbers spread evenly over `range(rounds)`."""
+    return {(index * rounds) // calls for index in range(calls)}
+
+
+def time_interleaved(specs: list[dict], config: BenchmarkConfig, output_paths=None) -> list[dict]:
+    """Time several measurements in this process, their calls interleaved.
+
+    Each spec is built, compiled and warmed up; then the timed calls take turns
+    (A B, then B A, ...), so that whatever else the machine is doing slows
+    every implementation alike instead of whichever ran at a bad moment.
+    Specs with fewer calls (a recompute beside 10x as many decode steps) are
+    spread evenly over the rounds.
+
+    Args:
+        specs: measurements from `measurement_plan`, usually one case and mode.
+        config: the run's `BenchmarkConfig`.
+        output_paths: optional `.npy` path per spec for the last warm-up result.
+
+    Returns:
+        One dict per spec: the spec, `times_ms`, `median_ms`, `min_ms`,
+        `traces`, `calls_before_measuring` and `environment`.
+
+    Example:
+        >>> specs = measurement_plan(BenchmarkConfig(cases=("gqa",)))[:2]
+        >>> [f["median_ms"] > 0 for f in time_interleaved(specs, BenchmarkConfig())]
+        ... # doctest: +SKIP
+        [True, True]
+    """
+    output_paths = output_paths or [None] * len(specs)
+    prepared = []
+    for spec, output_path in zip(specs, output_paths, strict=True):
+        call, warmup_calls, measured_call = _prepare(spec, config)
+        _warm_up(call, warmup_calls, spec, output_path)
         repeats = config.decode_repeats if spec["mode"] == DECODE_STEP else config.repeats
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            call.run(*measured_call)
-            times.append((time.perf_counter() - start) * 1000.0)
-        figures.update(times_ms=times, median_ms=statistics.median(times), min_ms=min(times))
-    if purpose in ("memory", "both"):
-        return_freed_memory_to_os()
-        gc.collect()
-        with PeakMemory() as peak:
-            for _ in range(MEMORY_CALLS):
+        prepared.append((spec, call, measured_call, repeats, len(warmup_calls), []))
+    gc.collect()
+    rounds = max(entry[3] for entry in prepared)
+    schedule = [_rounds_for(entry[3], rounds) for entry in prepared]
+    for round_number in range(rounds):
+        order = list(zip(prepared, schedule, strict=True))
+        if round_number % 2:
+            order.reverse()
+        for (_, call, measured_call, _, _, times), due in order:
+            if round_number in due:
+                start = time.perf_counter()
                 call.run(*measured_call)
-        figures.update(
-            peak_bytes=peak.peak_bytes,
-            first_call_peak_bytes=first_call.peak_bytes,
-            memory_method=peak.method,
-        )
-    figures.update(traces=call.traces, environment=environment())
-    return figures
+                times.append((time.perf_counter() - start) * 1000.0)
+    described = environment()
+    return [
+        {
+            **spec,
+            "times_ms": times,
+            "median_ms": statistics.median(times),
+            "min_ms": min(times),
+            "traces": call.traces,
+            "calls_before_measuring": warmups,
+            "environment": described,
+        }
+        for spec, call, _, _, warmups, times in prepared
+    ]
+
+
+def measure_memory(spec: dict, config: BenchmarkConfig) -> dict:
+    """Peak memory of one measurement's call, in this process.
+
+    After the warm-up, freed memory is handed back to the operating system
+    (`return_freed_memory_to_os`); then the peak RSS of `MEMORY_CALLS` calls
+    above the RSS before them is recorded. Run it in a process started with
+    `memory.ALLOCATOR_ENVIRONMENT` for clean figures.
+
+    Returns:
+        The spec with `peak_bytes`, `first_call_peak_bytes` (the first call,
+        compilation included, above the RSS before it), `memory_method` and
+        `environment`.
+
+    Example:
+        >>> spec = {"case": "gqa", "implementation": "keras", "mode": "forward"}
+        >>> measure_memory(spec, BenchmarkConfig())["peak_bytes"] > 0  # doctest: +SKIP
+        True
+    """
+    from keras_mha.benchmarks.memory import PeakMemory, return_freed_memory_to_os
+
+    call, warmup_calls, measured_call = _prepare(spec, config)
+    with PeakMemory() as first_call:
+        call.run(*warmup_calls[0])
+    _warm_up(call, warmup_calls[1:], spec, None)
+    return_freed_memory_to_os()
+    gc.collect()
+    with PeakMemory() as peak:
+        for _ in range(MEMORY_CALLS):
+            call.run(*measured_call)
+    return {
+        **spec,
+        "peak_bytes": peak.peak_bytes,
+        "first_call_peak_bytes": first_call.peak_bytes,
+        "memory_method": peak.method,
+        "environment": environment(),
+    }
+
+
+def timing_groups(config: BenchmarkConfig) -> list[list[dict]]:
+    """The plan split into groups timed together: per case and mode; decode as one group.
+
+    Example:
+        >>> [len(group) for group in timing_groups(BenchmarkConfig())]
+        [2, 2, 2, 2, 3]
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for spec in measurement_plan(config):
+        key = (spec["case"],) if spec["case"] == "decode" else (spec["case"], spec["mode"])
+        groups.setdefault(key, []).append(spec)
+    return list(groups.values())
 
 
 def main(argv: list[str] | None = None) -> int:
     """Worker entry point: `REQUEST_JSON` in, one `WORKER_MARKER` + JSON line out.
 
-    The request holds `spec`, `config` (`BenchmarkConfig.to_dict()`),
-    `purpose` and optionally `output_path`.
+    A request is `{"purpose": "time", "specs": [...], "config": {...},
+    "output_paths": [...]}` (`time_interleaved`, answered with a list) or
+    `{"purpose": "memory", "spec": {...}, "config": {...}}` (`measure_memory`).
 
     Example:
-        >>> main([json.dumps({"spec": spec, "config": config.to_dict(), "purpose": "time"})])
+        >>> main([json.dumps({"purpose": "memory", "spec": spec, "config": config.to_dict()})])
         ... # doctest: +SKIP
         0
     """
@@ -364,13 +427,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m keras_mha.benchmarks.measure_layers REQUEST_JSON\n")
         return 2
     request = json.loads(argv[0])
-    figures = measure(
-        request["spec"],
-        BenchmarkConfig.from_dict(request["config"]),
-        purpose=request.get("purpose", "both"),
-        output_path=request.get("output_path"),
-    )
-    sys.stdout.write(WORKER_MARKER + json.dumps(figures) + "\n")
+    config = BenchmarkConfig.from_dict(request["config"])
+    if request["purpose"] == "time":
+        answer = time_interleaved(request["specs"], config, request.get("output_paths"))
+    elif request["purpose"] == "memory":
+        answer = measure_memory(request["spec"], config)
+    else:
+        raise ValueError(f"request purpose must be 'time' or 'memory'; got {request['purpose']!r}")
+    sys.stdout.write(WORKER_MARKER + json.dumps(answer) + "\n")
     sys.stdout.flush()
     return 0
 
