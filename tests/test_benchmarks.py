@@ -169,6 +169,7 @@ def test_timing_groups_pair_the_sides_of_each_comparison():
         (["--seq-len", "0"], "--seq-len must be a positive integer; got 0"),
         (["--cases", "mha,flash"], "--cases must be a comma-separated subset"),
         (["--warmup", "0"], "--warmup must be an integer >= 1; got 0"),
+        (["--cpus", "0"], "--cpus must be a positive integer; got 0"),
     ],
 )
 def test_bad_flags_name_the_flag(flags, message, capsys):

@@ -71,6 +71,7 @@ from keras_mha.benchmarks.measure_layers import (
     WORKER_MARKER,
     BenchmarkConfig,
     measure_memory,
+    pin_to_cpus,
     time_interleaved,
     timing_groups,
 )
@@ -117,6 +118,7 @@ def time_group(specs: list[dict], config: BenchmarkConfig, output_paths: list[st
         [True, True]
     """
     if not config.isolate:
+        pin_to_cpus(config.cpus)
         return time_interleaved(specs, config, output_paths)
     request = {
         "purpose": "time",
@@ -136,6 +138,7 @@ def memory_of(spec: dict, config: BenchmarkConfig) -> dict:
         True
     """
     if not config.isolate:
+        pin_to_cpus(config.cpus)
         return measure_memory(spec, config)
     request = {"purpose": "memory", "spec": spec, "config": config.to_dict()}
     return _run_in_fresh_process(request, {**_plain_environment(), **ALLOCATOR_ENVIRONMENT})
@@ -372,6 +375,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_false",
         help="measure in this process instead of fresh processes (rough memory figures)",
     )
+    add(
+        "--cpus",
+        type=int,
+        default=None,
+        help="pin each measurement process to this many CPUs (default: all it may use)",
+    )
     add("--format", choices=("table", "json", "markdown"), default="table")
     add("--quiet", action="store_true", help="no progress lines on stderr")
     return parser
@@ -402,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         tf_jit_compile=args.tf_jit_compile,
         torch_compile=args.torch_compile,
         isolate=args.isolate,
+        cpus=args.cpus,
     )
     try:
         config.validate()

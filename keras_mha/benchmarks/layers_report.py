@@ -129,7 +129,9 @@ def _header_lines(results: dict) -> list[str]:
         f"{settings['features']}, {settings['heads']} query heads of size {settings['head_dim']}; "
         f"GQA: {settings['kv_heads']} KV heads ({groups} query heads per KV head); "
         f"{'causal' if settings['causal'] else 'not causal'}; float32",
-        f"compiled: {settings['compiled']} for both sides; median of {settings['repeats']} timed "
+        f"compiled: {settings['compiled']} for both sides"
+        + (f"; processes pinned to {settings['cpus']} CPU(s)" if settings.get("cpus") else "")
+        + f"; median of {settings['repeats']} timed "
         f"calls after {settings['warmup']} warm-up call(s) (decode step: median of "
         f"{settings['decode_repeats']})",
         f"peak memory: highest RSS during {settings['memory_calls']} calls after the warm-up "

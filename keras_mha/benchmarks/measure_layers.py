@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -63,6 +64,9 @@ class BenchmarkConfig:
         torch_compile: `torch.compile` on PyTorch.
         isolate: fresh processes: one per timing group (`timing_groups`) and
             one per measurement for its memory.
+        cpus: pin each measurement process to this many CPUs (the backends
+            size their thread pools to the CPUs a process may use); None
+            leaves the process free to use every CPU.
 
     Example:
         >>> BenchmarkConfig(heads=8, head_dim=64).features
@@ -84,6 +88,7 @@ class BenchmarkConfig:
     tf_jit_compile: bool = True
     torch_compile: bool = False
     isolate: bool = True
+    cpus: int | None = None
 
     @property
     def features(self) -> int:
@@ -110,8 +115,16 @@ class BenchmarkConfig:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be an integer >= 1; got {value!r}"
                 )
-        if self.hidden is not None and (not isinstance(self.hidden, int) or self.hidden <= 0):
-            raise ValueError(f"--hidden must be a positive integer; got {self.hidden!r}")
+        for name in ("hidden", "cpus"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"--{name} must be a positive integer; got {value!r}")
+        if self.cpus is not None:
+            available = len(_schedulable_cpus())
+            if self.cpus > available:
+                raise ValueError(
+                    f"--cpus={self.cpus} but this process may only use {available} CPU(s)"
+                )
         if self.heads % self.kv_heads:
             raise ValueError(f"--kv-heads={self.kv_heads} must divide --heads={self.heads}")
         unknown = [case for case in self.cases if case not in CASES]
@@ -137,6 +150,28 @@ class BenchmarkConfig:
         values = dict(values)
         values["cases"] = tuple(values["cases"])
         return cls(**values)
+
+
+def _schedulable_cpus() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def pin_to_cpus(count: int | None) -> None:
+    """Restrict this process to its first `count` usable CPUs (Linux); None does nothing.
+
+    Call it before the backend starts its thread pools: JAX, TensorFlow and
+    PyTorch size them to the CPUs the process may use.
+
+    Example:
+        >>> pin_to_cpus(None)
+    """
+    if count is None:
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError(f"--cpus={count} needs os.sched_setaffinity, which this platform lacks")
+    os.sched_setaffinity(0, set(_schedulable_cpus()[:count]))
 
 
 def measurement_plan(config: BenchmarkConfig) -> list[dict]:
@@ -428,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     request = json.loads(argv[0])
     config = BenchmarkConfig.from_dict(request["config"])
+    pin_to_cpus(config.cpus)
     if request["purpose"] == "time":
         answer = time_interleaved(request["specs"], config, request.get("output_paths"))
     elif request["purpose"] == "memory":
