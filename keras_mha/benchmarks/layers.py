@@ -22,7 +22,7 @@ How:
   `tf.function` with `--no-tf-jit-compile`; eager on PyTorch, or
   `torch.compile` with `--torch-compile`. Forward+backward is
   `mean(output ** 2)` and its gradients with respect to the input and every
-  trainable weight, by the backend's own autodiff. `max |diff|` checks that
+  trainable weight, by the backend's own autodiff. `max abs diff` checks that
   both sides computed the same thing.
 - Time: the median of `--repeats` calls (`--decode-repeats` for the decode
   step) after `--warmup` calls, the first of which compiles. The
@@ -52,6 +52,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,15 @@ def _ratio(numerator, denominator):
     return numerator / denominator
 
 
+def _paired_quartiles(keras_times, ours_times):
+    """Quartiles of Keras time / keras-mha time over calls made back to back (None if < 4)."""
+    if len(keras_times) != len(ours_times) or len(ours_times) < 4:
+        return None
+    ratios = [theirs / ours for theirs, ours in zip(keras_times, ours_times, strict=True)]
+    low, _, high = statistics.quantiles(ratios, n=4)
+    return [low, high]
+
+
 def _comparisons(config, measurements, outputs) -> list[dict]:
     rows = []
     for case in ("mha", "gqa"):
@@ -180,6 +190,7 @@ def _comparisons(config, measurements, outputs) -> list[dict]:
                     "ours_ms": ours["median_ms"],
                     "keras_ms": builtin["median_ms"],
                     "speedup": _ratio(builtin["median_ms"], ours["median_ms"]),
+                    "speedup_quartiles": _paired_quartiles(builtin["times_ms"], ours["times_ms"]),
                     "ours_peak_mb": ours_mb,
                     "keras_peak_mb": keras_mb,
                     "memory_saving": saving,
@@ -230,7 +241,8 @@ def run_benchmark(config: BenchmarkConfig, progress=None) -> dict:
         A JSON-ready dict: `date`, `machine`, `environment` (backend, versions,
         device), `settings`, `measurements` (one per case/implementation/mode,
         with every timed call), `comparisons` (keras-mha against Keras per
-        case and mode: times, `speedup` = Keras time / keras-mha time, peak
+        case and mode: times, `speedup` = Keras time / keras-mha time (medians),
+        `speedup_quartiles` = quartiles of that ratio over calls made back to back, peak
         MB, `memory_saving` = 1 - ours / Keras, `max_abs_diff`), `decode`
         (step, recomputes, `speedup_of_step` = time / step time) and
         `targets` (issue 2's targets, met or missed).

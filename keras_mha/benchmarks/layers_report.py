@@ -38,6 +38,9 @@ def evaluate_targets(results: dict) -> list[dict]:
 
     def describe(row, with_memory):
         text = f"{row['mode']} {row['speedup']:.2f}x as fast"
+        if row.get("speedup_quartiles"):
+            low, high = row["speedup_quartiles"]
+            text += f" (paired calls: {low:.2f}-{high:.2f})"
         if with_memory and row["memory_saving"] is not None:
             saving = 100 * row["memory_saving"]
             text += f", {saving:.0f}% less" if saving >= 0 else f", {-saving:.0f}% more"
@@ -114,6 +117,12 @@ def _fmt_ms(value):
     return f"{value:.3f}" if value < 1 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
+def _fmt_speedup(row):
+    text = _fmt(row["speedup"], ".2f", "x")
+    spread = row.get("speedup_quartiles")
+    return text if not spread else f"{text} ({spread[0]:.2f}-{spread[1]:.2f})"
+
+
 def _fmt_saving(value):
     return "n/a" if value is None else f"{100 * value:.0f}%"
 
@@ -146,11 +155,11 @@ def _comparison_table(results: dict):
         "mode",
         "keras-mha ms",
         "Keras ms",
-        "speedup",
+        "speedup (quartiles)",
         "keras-mha peak MB",
         "Keras peak MB",
         "memory saved",
-        "max |diff|",
+        "max abs diff",
     ]
     names = {"mha": "MHA vs MultiHeadAttention", "gqa": "GQA vs GroupQueryAttention"}
     rows = [
@@ -159,7 +168,7 @@ def _comparison_table(results: dict):
             row["mode"],
             _fmt_ms(row["ours_ms"]),
             _fmt_ms(row["keras_ms"]),
-            _fmt(row["speedup"], ".2f", "x"),
+            _fmt_speedup(row),
             _fmt(row["ours_peak_mb"], ".1f"),
             _fmt(row["keras_peak_mb"], ".1f"),
             _fmt_saving(row["memory_saving"]),
@@ -178,7 +187,7 @@ def _decode_table(results: dict):
         (OURS, RECOMPUTE): f"keras-mha recompute all {context + 1} tokens",
         (KERAS, RECOMPUTE): f"keras GroupQueryAttention recompute all {context + 1} tokens",
     }
-    header = ["decode", "median ms", "peak MB", "time / step time", "max |diff| vs step"]
+    header = ["decode", "median ms", "peak MB", "time / step time", "max abs diff vs step"]
     rows = [
         [
             labels[(row["implementation"], row["mode"])],
