@@ -1,5 +1,7 @@
 """Choosing heads: GQA policies, scopes, min_heads_per_layer, targets (pure NumPy)."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -71,6 +73,51 @@ def test_every_selection_is_physically_removable():
             if policy == "query" and groups > 1:
                 kept = set(range(state.num_heads)) - set(chosen[state.path])
                 assert {h // groups for h in kept} == set(range(kv_heads))  # No KV head lost.
+
+
+def test_global_selection_is_the_cheapest_way_to_remove_the_most_heads():
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        states = [
+            LayerState("mha", 4, 4),
+            LayerState("gqa", 6, 2),
+            LayerState("mqa", 3, 1),
+        ]
+        scores = {s.path: rng.random(s.num_heads) for s in states}
+        policy = str(rng.choice(["group", "query"]))
+        wanted = int(rng.integers(1, 10))
+        chosen = select_heads(states, scores, wanted, "global", policy, 1)
+        # Brute force over how many units each layer gives up (its cheapest first).
+        prefixes = []
+        for state in states:
+            units = removal_units(state, scores[state.path], policy)
+            options, heads = [[]], []
+            for _, unit in units:
+                if state.num_heads - len(heads) - len(unit) < 1:
+                    break
+                heads = heads + unit
+                options.append(heads)
+            prefixes.append(options)
+        best = None
+        for combination in itertools.product(*prefixes):
+            count = sum(map(len, combination))
+            cost = sum(scores[s.path][h].sum() for s, h in zip(states, combination, strict=True))
+            if count <= wanted and (best is None or (-count, cost) < (-best[0], best[1] - 1e-12)):
+                best = (count, cost)
+        count = sum(map(len, chosen.values()))
+        cost = sum(scores[path][heads].sum() for path, heads in chosen.items())
+        assert count == best[0]
+        assert cost == pytest.approx(best[1])
+
+
+def test_global_selection_does_not_stop_short_where_greedy_would():
+    states = [LayerState("mha", 4, 4), LayerState("gqa", 4, 2)]
+    scores = {"mha": np.array([0.1, 0.2, 0.3, 0.9]), "gqa": np.array([0.4, 0.5, 0.8, 0.9])}
+    # Greedy by score takes MHA 0, 1, 2 and then has no room for a 2-head group: 3 heads.
+    assert select_heads(states, scores, 4, "global", "group", 1) == {
+        "mha": [0, 1],
+        "gqa": [0, 1],
+    }
 
 
 def test_global_scope_ranks_across_layers():

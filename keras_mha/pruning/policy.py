@@ -11,12 +11,18 @@ gated off can later be removed physically:
   head stays. Each group keeps at least one query head. For MHA
   (one query head per group) this is the same as `"group"`.
 
-A unit's score is the mean importance of its heads. Units are taken in
-ascending score order, within a layer (`scope="per_layer"`) or across all
-layers (`scope="global"`), while they fit into the target and leave at least
-`min_heads_per_layer` heads in their layer. Targets count query heads; when
-units are bigger than one head, the number removed is the largest reachable
-one not above the target.
+Within a layer, units are taken in ascending order of their heads' mean
+importance, and only while the layer keeps at least `min_heads_per_layer`
+heads. Targets count query heads; when units are bigger than one head, the
+number removed is the largest reachable one not above the target. With
+`scope="per_layer"` each layer takes as many units as fit its own target.
+With `scope="global"` the number of units per layer is chosen so that the
+most heads (up to the target) go at the least summed importance, a small
+knapsack over layers: for one-head units (MHA) this is exactly the global
+ranking of Michel et al.; with bigger units it does not get stuck short of
+the target the way a greedy pass can (for example, three cheap MHA heads
+taken first leaving no room for a two-head GQA group when two MHA heads and
+the group would make exactly four).
 """
 
 from __future__ import annotations
@@ -262,32 +268,49 @@ def select_heads(states, importance, wanted, scope, gqa_policy, min_heads_per_la
         {'a': [1], 'b': [0, 3]}
     """
     check_scope(scope)
-    chosen = {state.path: [] for state in states}
-    candidates = []
-    for order, state in enumerate(states):
-        for rank, (score, heads) in enumerate(
-            removal_units(state, importance[state.path], gqa_policy)
-        ):
-            candidates.append((score, order, rank, state, heads))
-    if scope == "global":
-        budget = {None: wanted - sum(len(state.pruned) for state in states)}
-        key = lambda state: None
-    else:
-        budget = {state.path: wanted[state.path] - len(state.pruned) for state in states}
-        key = lambda state: state.path
-    candidates.sort(key=lambda c: (c[0], c[1], c[2]))
-    next_rank = {state.path: 0 for state in states}
-    closed = set()
-    for _, _, rank, state, heads in candidates:
-        if state.path in closed or rank != next_rank[state.path]:
-            continue
-        left = budget[key(state)]
-        kept_after = _kept(state) - len(chosen[state.path]) - len(heads)
-        if len(heads) > left or kept_after < min_heads_per_layer:
-            # Later units of this layer are no smaller and no less important.
-            closed.add(state.path)
-            continue
-        chosen[state.path].extend(heads)
-        budget[key(state)] = left - len(heads)
-        next_rank[state.path] = rank + 1
-    return {path: sorted(heads) for path, heads in chosen.items()}
+    options = {
+        state.path: _prefix_options(state, importance[state.path], gqa_policy, min_heads_per_layer)
+        for state in states
+    }
+    if scope == "per_layer":
+        chosen = {}
+        for state in states:
+            need = wanted[state.path] - len(state.pruned)
+            fitting = [option for option in options[state.path] if option[0] <= need]
+            chosen[state.path] = sorted(fitting[-1][2])
+        return chosen
+    budget = wanted - sum(len(state.pruned) for state in states)
+    # Knapsack over layers, each taking a prefix of its units: cheapest way to
+    # remove exactly `total` heads, for every reachable total up to the budget.
+    cost = {0: 0.0}
+    back = []  # per layer: {total: (total before this layer, prefix length taken)}
+    for state in states:
+        new_cost, pointers = {}, {}
+        for before, spent in cost.items():
+            for length, (count, option_cost, _) in enumerate(options[state.path]):
+                total = before + count
+                if total > budget:
+                    break
+                if total not in new_cost or spent + option_cost < new_cost[total]:
+                    new_cost[total] = spent + option_cost
+                    pointers[total] = (before, length)
+        cost = new_cost
+        back.append(pointers)
+    total = max(cost)
+    chosen = {}
+    for state, pointers in zip(reversed(states), reversed(back), strict=True):
+        total, length = pointers[total]
+        chosen[state.path] = sorted(options[state.path][length][2])
+    return {state.path: chosen[state.path] for state in states}
+
+
+def _prefix_options(state, importance, gqa_policy, min_heads_per_layer):
+    """`[(heads removed, summed importance, heads)]` for taking the first k units."""
+    importance = np.asarray(importance, dtype="float64")
+    options = [(0, 0.0, [])]
+    for _, heads in removal_units(state, importance, gqa_policy):
+        count, cost, taken = options[-1]
+        if _kept(state) - count - len(heads) < min_heads_per_layer:
+            break
+        options.append((count + len(heads), cost + float(np.sum(importance[heads])), taken + heads))
+    return options
