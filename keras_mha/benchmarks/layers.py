@@ -157,19 +157,29 @@ def _megabytes(value: int | None) -> float | None:
     return None if value is None else value / 2**20
 
 
-def _ratio(numerator, denominator):
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
+def _paired_ratios(numerator: dict, denominator: dict) -> list[float]:
+    """numerator time / denominator time for every round in which both ran.
+
+    Calls of one round ran back to back in one process, so each ratio compares
+    the two under the same conditions, however the machine's load changed.
+    """
+    denominator_by_round = dict(zip(denominator["rounds"], denominator["times_ms"], strict=True))
+    return [
+        time_ms / denominator_by_round[round_number]
+        for round_number, time_ms in zip(numerator["rounds"], numerator["times_ms"], strict=True)
+        if round_number in denominator_by_round
+    ]
 
 
-def _paired_quartiles(keras_times, ours_times):
-    """Quartiles of Keras time / keras-mha time over calls made back to back (None if < 4)."""
-    if len(keras_times) != len(ours_times) or len(ours_times) < 4:
-        return None
-    ratios = [theirs / ours for theirs, ours in zip(keras_times, ours_times, strict=True)]
-    low, _, high = statistics.quantiles(ratios, n=4)
-    return [low, high]
+def _speedup(numerator: dict, denominator: dict) -> tuple[float, list[float] | None]:
+    """Median of the paired ratios, and their quartiles when there are at least 4."""
+    ratios = _paired_ratios(numerator, denominator)
+    if not ratios:
+        return numerator["median_ms"] / denominator["median_ms"], None
+    if len(ratios) < 4:
+        return statistics.median(ratios), None
+    low, median, high = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), [low, high]
 
 
 def _comparisons(config, measurements, outputs) -> list[dict]:
@@ -179,6 +189,7 @@ def _comparisons(config, measurements, outputs) -> list[dict]:
             continue
         for mode in (FORWARD, FORWARD_BACKWARD):
             ours, builtin = measurements[(case, OURS, mode)], measurements[(case, KERAS, mode)]
+            speedup, quartiles = _speedup(builtin, ours)
             ours_mb, keras_mb = _megabytes(ours["peak_bytes"]), _megabytes(builtin["peak_bytes"])
             saving = None
             if ours_mb is not None and keras_mb is not None and keras_mb >= MEMORY_NOISE_FLOOR_MB:
@@ -189,8 +200,8 @@ def _comparisons(config, measurements, outputs) -> list[dict]:
                     "mode": mode,
                     "ours_ms": ours["median_ms"],
                     "keras_ms": builtin["median_ms"],
-                    "speedup": _ratio(builtin["median_ms"], ours["median_ms"]),
-                    "speedup_quartiles": _paired_quartiles(builtin["times_ms"], ours["times_ms"]),
+                    "speedup": speedup,
+                    "speedup_quartiles": quartiles,
                     "ours_peak_mb": ours_mb,
                     "keras_peak_mb": keras_mb,
                     "memory_saving": saving,
@@ -215,7 +226,7 @@ def _decode_summary(config, measurements, outputs) -> dict | None:
                 "mode": mode,
                 "median_ms": measured["median_ms"],
                 "peak_mb": _megabytes(measured["peak_bytes"]),
-                "speedup_of_step": _ratio(measured["median_ms"], step["median_ms"]),
+                "speedup_of_step": _speedup(measured, step)[0],
                 "max_abs_diff_vs_step": _max_abs_diff(
                     outputs[("decode", implementation, mode)],
                     outputs[("decode", OURS, DECODE_STEP)],
@@ -241,10 +252,12 @@ def run_benchmark(config: BenchmarkConfig, progress=None) -> dict:
         A JSON-ready dict: `date`, `machine`, `environment` (backend, versions,
         device), `settings`, `measurements` (one per case/implementation/mode,
         with every timed call), `comparisons` (keras-mha against Keras per
-        case and mode: times, `speedup` = Keras time / keras-mha time (medians),
-        `speedup_quartiles` = quartiles of that ratio over calls made back to back, peak
+        case and mode: median times; `speedup` = median over the timing rounds
+        of Keras time / keras-mha time, the two calls of a round made back to
+        back; `speedup_quartiles` = that ratio's quartiles; peak
         MB, `memory_saving` = 1 - ours / Keras, `max_abs_diff`), `decode`
-        (step, recomputes, `speedup_of_step` = time / step time) and
+        (step, recomputes, `speedup_of_step` = median of time / step time over
+        the rounds with both) and
         `targets` (issue 2's targets, met or missed).
 
     Example:

@@ -350,8 +350,9 @@ def time_interleaved(specs: list[dict], config: BenchmarkConfig, output_paths=No
         output_paths: optional `.npy` path per spec for the last warm-up result.
 
     Returns:
-        One dict per spec: the spec, `times_ms`, `median_ms`, `min_ms`,
-        `traces`, `calls_before_measuring` and `environment`.
+        One dict per spec: the spec, `times_ms`, `rounds` (the round of each
+        timed call), `median_ms`, `min_ms`, `traces`, `calls_before_measuring`
+        and `environment`.
 
     Example:
         >>> specs = measurement_plan(BenchmarkConfig(cases=("gqa",)))[:2]
@@ -383,13 +384,15 @@ def time_interleaved(specs: list[dict], config: BenchmarkConfig, output_paths=No
         {
             **spec,
             "times_ms": times,
+            # The round of each timed call: calls of one round ran back to back.
+            "rounds": sorted(due),
             "median_ms": statistics.median(times),
             "min_ms": min(times),
             "traces": call.traces,
             "calls_before_measuring": warmups,
             "environment": described,
         }
-        for spec, call, _, _, warmups, times in prepared
+        for (spec, call, _, _, warmups, times), due in zip(prepared, schedule, strict=True)
     ]
 
 
