@@ -37,6 +37,7 @@ ATTENTION_PARTS = ("self", "cross", "encoder")
 SUPPORTED_ROPE_SCALINGS = ("default", "linear", "llama3")
 DEFAULT_ROPE_THETA = 10000.0
 
+
 def _where(spec: ModelSpec, layer_index: int, attention: str) -> str:
     part = "" if attention == "self" else f" ({attention} attention)"
     return f"layer {layer_index}{part} of this {spec.model_type} model"
