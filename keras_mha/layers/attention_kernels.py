@@ -23,6 +23,12 @@ against `grouped_attention`:
   `tf.repeat` K/V, and with a single KV head (MQA) its einsum does not
   broadcast, so both use the grouped einsum.
 
+`blockwise_causal_attention` splits long causal self-attention into blocks of
+queries, block `i` attending only to the keys up to its last position, so the
+masked upper triangle of the logits is never computed or stored. Where the
+backend has no fused kernel that skips it (JAX and TensorFlow on CPU), this
+halves the work and the peak memory of long causal calls.
+
 Masks are boolean, `True` where a query may attend, broadcastable to
 `(batch, 1 | num_heads, query_length, key_length)`. A query row with nothing
 to attend yields zeros (never NaN, never a uniform average).
@@ -129,13 +135,18 @@ def grouped_attention(
     return output, weights_per_head
 
 
-def fused_attention(query, key, value, mask=None, *, scale, is_causal=False):
+def fused_attention(
+    query, key, value, mask=None, *, scale, is_causal=False, rows_may_be_empty=True
+):
     """The backend's fastest attention primitive, without repeating K/V.
 
     Args:
         query, key, value, mask, scale: as in `grouped_attention`.
         is_causal: apply a causal mask (aligned at position 0) in the kernel
             instead of through `mask`; only used when `mask` is None.
+        rows_may_be_empty: False when every query row of `mask` is known to
+            allow at least one key (causal, window and cache masks in
+            self-attention), which skips the guard for empty rows.
 
     On JAX, Keras picks cuDNN flash attention by itself where the GPU, dtype
     and shapes allow (`flash_attention=None`); forcing it would fail on CPU.
@@ -150,32 +161,93 @@ def fused_attention(query, key, value, mask=None, *, scale, is_causal=False):
         (2, 5, 8, 16)
     """
     row_has_key = None
-    if mask is not None:
+    if mask is not None and rows_may_be_empty:
         # Kernels turn an all-masked row into NaN or a uniform average; let such
         # rows attend everywhere, then zero them below.
         row_has_key = rows_with_any_key(mask)
         mask = ops.logical_or(mask, ops.logical_not(row_has_key))
-    backend = keras.backend.backend()
-    num_heads, num_key_value_heads = query.shape[2], key.shape[2]
-    if backend == "torch":
-        output = _torch_sdpa(query, key, value, mask, scale=scale, is_causal=is_causal)
-    elif backend == "jax" or num_key_value_heads == num_heads:
-        output = ops.dot_product_attention(
-            query,
-            key,
-            value,
-            mask=mask,
-            scale=scale,
-            is_causal=is_causal and mask is None,
-        )
-    else:
-        if is_causal and mask is None:
-            mask = causal_mask_for(query, key)
-        output = grouped_attention(query, key, value, mask, scale=scale)
+    output = _fused_attention_without_empty_rows(
+        query, key, value, mask, scale=scale, is_causal=is_causal
+    )
     if row_has_key is not None:
         # (B|1, 1|H, T, 1) -> (B|1, T, 1|H, 1) to line up with (B, T, H, D).
         output = output * ops.cast(ops.transpose(row_has_key, (0, 2, 1, 3)), output.dtype)
     return output
+
+
+def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_causal=False):
+    backend = keras.backend.backend()
+    num_heads, num_key_value_heads = query.shape[2], key.shape[2]
+    if backend == "torch":
+        return _torch_sdpa(query, key, value, mask, scale=scale, is_causal=is_causal)
+    if backend == "jax" or num_key_value_heads == num_heads:
+        return ops.dot_product_attention(
+            query, key, value, mask=mask, scale=scale, is_causal=is_causal and mask is None
+        )
+    if is_causal and mask is None:
+        mask = causal_mask_for(query, key)
+    return grouped_attention(query, key, value, mask, scale=scale)
+
+
+# Queries per block of `blockwise_causal_attention`; it is used from four blocks up.
+CAUSAL_BLOCK_SIZE = 128
+_MIN_BLOCKS = 4
+
+
+def prefers_blockwise_causal(query, key):
+    """Whether plain causal self-attention of these shapes should go blockwise.
+
+    Only where the backend has no kernel that skips the masked triangle itself:
+    JAX on CPU (on GPU, cuDNN flash attention does) and TensorFlow (Keras's
+    TensorFlow attention always forms the whole logits). PyTorch's SDPA skips
+    it already. Needs a static length, equal for queries and keys.
+    """
+    length = query.shape[1]
+    if not isinstance(length, int) or length != key.shape[1]:
+        return False
+    if length < _MIN_BLOCKS * CAUSAL_BLOCK_SIZE:
+        return False
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return True
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    return False
+
+
+def blockwise_causal_attention(query, key, value, *, scale, block_size):
+    """Causal self-attention computed one block of queries at a time.
+
+    Block `[start, stop)` of queries attends to keys `[0, stop)` with a causal
+    mask on the diagonal block; the logits above the diagonal blocks are never
+    formed. Same result as `fused_attention(..., is_causal=True)`.
+
+    Args:
+        query, key, value: as in `fused_attention`, with a static query length
+            equal to the key length (self-attention, no cache).
+        scale: multiplier of the logits.
+        block_size: queries per block.
+
+    Example:
+        >>> x = keras.random.normal((1, 512, 4, 16))
+        >>> blockwise_causal_attention(x, x, x, scale=0.25, block_size=128).shape
+        (1, 512, 4, 16)
+    """
+    length = query.shape[1]
+    blocks = []
+    for start in range(0, length, block_size):
+        stop = min(start + block_size, length)
+        query_positions = ops.arange(start, stop, dtype="int32")[:, None]
+        key_positions = ops.arange(stop, dtype="int32")[None, :]
+        mask = (key_positions <= query_positions)[None, None]
+        blocks.append(
+            _fused_attention_without_empty_rows(
+                query[:, start:stop], key[:, :stop], value[:, :stop], mask, scale=scale
+            )
+        )
+    return ops.concatenate(blocks, axis=1)
 
 
 def causal_mask_for(query, key):

@@ -467,7 +467,11 @@ class GroupedQueryAttention(keras.layers.Layer):
                 k = self.rotary_embedding(k, positions=positions if cache is not None else None)
             if cache is not None:
                 update = ops.stack([k, v], axis=1)
-                start = [0, 0, ops.cast(cache_index, "int32"), 0, 0]
+                # A Python int keeps Keras's fast static-slice update (torch eager).
+                index = (
+                    cache_index if isinstance(cache_index, int) else ops.cast(cache_index, "int32")
+                )
+                start = [0, 0, index, 0, 0]
                 cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
                 k, v = cache[:, 0], cache[:, 1]
 
@@ -491,14 +495,25 @@ class GroupedQueryAttention(keras.layers.Layer):
         k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
         scores = None
         if self._can_use_fused(return_attention_scores, training):
-            heads = attention_kernels.fused_attention(
-                q,
-                k,
-                v,
-                mask,
-                scale=scale,
-                is_causal=plain_causal,
-            )
+            if plain_causal and attention_kernels.prefers_blockwise_causal(q, k):
+                heads = attention_kernels.blockwise_causal_attention(
+                    q, k, v, scale=scale, block_size=attention_kernels.CAUSAL_BLOCK_SIZE
+                )
+            else:
+                # Causal, window and cache masks always leave a query its own
+                # key in self-attention; only these masks can empty a row.
+                rows_may_be_empty = not self_attention or any(
+                    m is not None for m in (attention_mask, query_mask, value_mask, key_mask)
+                )
+                heads = attention_kernels.fused_attention(
+                    q,
+                    k,
+                    v,
+                    mask,
+                    scale=scale,
+                    is_causal=plain_causal,
+                    rows_may_be_empty=rows_may_be_empty,
+                )
         else:
             heads, scores = attention_kernels.grouped_attention(
                 q,
