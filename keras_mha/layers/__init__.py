@@ -5,7 +5,6 @@ Example:
     >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2)
 """
 
-from keras_mha.layers import attention_kernels
 from keras_mha.layers.grouped_query_attention import GroupedQueryAttention
 from keras_mha.layers.keras_weights import copy_weights_from_keras, copy_weights_to_keras
 from keras_mha.layers.multi_head_attention import MultiHeadAttention

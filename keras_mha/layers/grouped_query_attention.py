@@ -487,14 +487,16 @@ class GroupedQueryAttention(keras.layers.Layer):
             sliding_window=self.sliding_window,
             query_offset=query_offset,
         )
-        if plain_causal and (return_attention_scores or not self._can_use_fused(False, training)):
+        use_fused = self._can_use_fused(return_attention_scores, training)
+        if plain_causal and not use_fused:
+            # Only the fused kernels apply a causal mask by themselves.
             mask = attention_kernels.causal_mask_for(q, k)
             plain_causal = False
 
         scale = self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
         k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
         scores = None
-        if self._can_use_fused(return_attention_scores, training):
+        if use_fused:
             if plain_causal and attention_kernels.prefers_blockwise_causal(q, k):
                 heads = attention_kernels.blockwise_causal_attention(
                     q, k, v, scale=scale, block_size=attention_kernels.CAUSAL_BLOCK_SIZE
