@@ -100,14 +100,32 @@ def test_revision_as_commit_hash(hub):
 @pytest.mark.parametrize(
     "model_id, options, error_class, exit_code, names",
     [
-        ("org/missing", {}, errors.RepositoryNotFound, 3, ["org/missing"]),
-        ("org/private", {}, errors.RepositoryNotFound, 3, ["org/private", "token"]),
-        ("org/gated", {}, errors.GatedRepository, 4, ["org/gated", "token"]),
-        ("org/gated", {"token": "hf_without_access"}, errors.GatedRepository, 4, ["org/gated"]),
-        ("org/tiny", {"revision": "v9"}, errors.RevisionNotFound, 5, ["org/tiny", "'v9'"]),
-        ("org/weights-only", {}, errors.ConfigFileNotFound, 6, ["org/weights-only", "config.json"]),
-        ("org/malformed", {}, errors.MalformedConfig, 7, ["org/malformed", "line 3 column 18"]),
-        ("org/a-list", {}, errors.MalformedConfig, 7, ["org/a-list", "JSON object"]),
+        ("org/missing", {}, errors.RepositoryNotFoundError, 3, ["org/missing"]),
+        ("org/private", {}, errors.RepositoryNotFoundError, 3, ["org/private", "token"]),
+        ("org/gated", {}, errors.GatedRepositoryError, 4, ["org/gated", "token"]),
+        (
+            "org/gated",
+            {"token": "hf_without_access"},
+            errors.GatedRepositoryError,
+            4,
+            ["org/gated"],
+        ),
+        ("org/tiny", {"revision": "v9"}, errors.RevisionNotFoundError, 5, ["org/tiny", "'v9'"]),
+        (
+            "org/weights-only",
+            {},
+            errors.ConfigFileNotFoundError,
+            6,
+            ["org/weights-only", "config.json"],
+        ),
+        (
+            "org/malformed",
+            {},
+            errors.MalformedConfigError,
+            7,
+            ["org/malformed", "line 3 column 18"],
+        ),
+        ("org/a-list", {}, errors.MalformedConfigError, 7, ["org/a-list", "JSON object"]),
     ],
 )
 def test_hub_errors_are_named_with_their_exit_code(
@@ -126,12 +144,12 @@ def test_hub_errors_are_named_with_their_exit_code(
 def test_exit_codes_are_distinct():
     classes = [
         errors.CardError,
-        errors.RepositoryNotFound,
-        errors.GatedRepository,
-        errors.RevisionNotFound,
-        errors.ConfigFileNotFound,
-        errors.MalformedConfig,
-        errors.HubUnreachable,
+        errors.RepositoryNotFoundError,
+        errors.GatedRepositoryError,
+        errors.RevisionNotFoundError,
+        errors.ConfigFileNotFoundError,
+        errors.MalformedConfigError,
+        errors.HubUnreachableError,
         errors.ConfigError,
     ]
     codes = [error_class.exit_code for error_class in classes]
@@ -182,7 +200,7 @@ def test_timeout_with_nothing_cached_and_no_bundled_card(hub):
     hub.delay_seconds = 30
     start = time.perf_counter()
 
-    with pytest.raises(errors.HubUnreachable) as raised:
+    with pytest.raises(errors.HubUnreachableError) as raised:
         load_config("org/tiny", timeout=0.5)
 
     # One bounded request, not huggingface_hub's minute-long retry loop.
@@ -211,14 +229,14 @@ def test_connection_refused_falls_back_to_the_bundled_card(hub):
 
 def test_bundled_fallback_refuses_a_different_revision(hub):
     hub.stop()
-    with pytest.raises(errors.HubUnreachable) as raised:
+    with pytest.raises(errors.HubUnreachableError) as raised:
         load_config(LLAMA_3, revision="some-other-branch")
     _assert_one_line_naming(raised.value, LLAMA_3, "some-other-branch")
 
 
 def test_hub_errors_still_win_over_the_bundled_card(hub):
     # The Hub answered (the repo is missing there), so the bundled card must not hide that.
-    with pytest.raises(errors.RepositoryNotFound) as raised:
+    with pytest.raises(errors.RepositoryNotFoundError) as raised:
         load_config(LLAMA_3)
     assert f"bundled:{LLAMA_3}" in str(raised.value)
 
@@ -239,7 +257,7 @@ def test_offline_environment_with_nothing_cached_uses_the_bundled_card(hub, monk
 
 def test_offline_with_unknown_model_is_hub_unreachable(hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(errors.HubUnreachable) as raised:
+    with pytest.raises(errors.HubUnreachableError) as raised:
         load_config("org/not-bundled")
     _assert_one_line_naming(raised.value, "org/not-bundled", "offline")
     assert hub.requests == []
@@ -273,14 +291,14 @@ def test_local_directory_and_file(tmp_path):
 
 
 def test_local_directory_without_config(tmp_path):
-    with pytest.raises(errors.ConfigFileNotFound) as raised:
+    with pytest.raises(errors.ConfigFileNotFoundError) as raised:
         load_config(str(tmp_path))
     _assert_one_line_naming(raised.value, str(tmp_path), "config.json")
 
 
 def test_missing_local_path(tmp_path):
     missing = str(tmp_path / "nowhere" / "config.json")
-    with pytest.raises(errors.ConfigFileNotFound) as raised:
+    with pytest.raises(errors.ConfigFileNotFoundError) as raised:
         load_config(missing)
     _assert_one_line_naming(raised.value, missing)
 
@@ -289,7 +307,7 @@ def test_malformed_local_json_names_file_line_and_column(tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{\n  "hidden_size": 64,\n  "num_attention_heads": 4\n  "oops": 1\n}')
 
-    with pytest.raises(errors.MalformedConfig) as raised:
+    with pytest.raises(errors.MalformedConfigError) as raised:
         load_config(str(path))
 
     _assert_one_line_naming(raised.value, str(path), "line 4 column 3")
@@ -306,13 +324,13 @@ def test_bundled_card_is_read_without_the_network(hub):
 
 
 def test_unknown_bundled_card_suggests_close_names():
-    with pytest.raises(errors.RepositoryNotFound) as raised:
+    with pytest.raises(errors.RepositoryNotFoundError) as raised:
         load_config("bundled:meta-llama/Meta-Llama-3-8b-typo")
     _assert_one_line_naming(raised.value, "meta-llama/Meta-Llama-3-8b-typo", LLAMA_3)
 
 
 def test_invalid_model_id(hub):
-    with pytest.raises(errors.RepositoryNotFound) as raised:
+    with pytest.raises(errors.RepositoryNotFoundError) as raised:
         load_config("not a repo id")
     _assert_one_line_naming(raised.value, "not a repo id")
 

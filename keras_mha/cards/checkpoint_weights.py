@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_mha.cards.errors import CardError
+from keras_mha.errors import CheckpointError
 
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"
@@ -57,14 +57,6 @@ ATTENTION_PARTS = ("self", "cross", "encoder")
 # Gemma 3 stores its RMS-norm weights as `w` and multiplies by `1 + w`.
 _ONE_PLUS_WEIGHT_NORM_FAMILIES = frozenset({"gemma3_text"})
 
-
-class CheckpointError(CardError, ValueError):
-    """A checkpoint cannot be read or does not hold the tensors a layer needs.
-
-    Example:
-        >>> isinstance(CheckpointError("x"), ValueError)
-        True
-    """
 
 
 # -- reading tensors ----------------------------------------------------------------------------

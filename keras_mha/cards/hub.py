@@ -35,12 +35,12 @@ from pathlib import Path
 from keras_mha.cards import bundled
 from keras_mha.cards.errors import (
     CardError,
-    ConfigFileNotFound,
-    GatedRepository,
-    HubUnreachable,
-    MalformedConfig,
-    RepositoryNotFound,
-    RevisionNotFound,
+    ConfigFileNotFoundError,
+    GatedRepositoryError,
+    HubUnreachableError,
+    MalformedConfigError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
 )
 
 CONFIG_FILENAME = "config.json"
@@ -110,15 +110,16 @@ def load_config(
         A `LoadedConfig`.
 
     Raises:
-        RepositoryNotFound, GatedRepository, RevisionNotFound, ConfigFileNotFound,
-        MalformedConfig, HubUnreachable (all `keras_mha.cards.errors.CardError`).
+        RepositoryNotFoundError, GatedRepositoryError, RevisionNotFoundError,
+        ConfigFileNotFoundError, MalformedConfigError, HubUnreachableError (all
+        `keras_mha.errors.CardError`).
 
     Example:
         >>> load_config("bundled:openai-community/gpt2").config["n_head"]
         12
     """
     if not isinstance(source, str) or not source.strip():
-        raise ConfigFileNotFound(
+        raise ConfigFileNotFoundError(
             f"model source {source!r} is empty; pass a Hub model id (org/name), "
             "a local directory or config.json path, or bundled:org/name"
         )
@@ -130,14 +131,14 @@ def load_config(
             note = f"revision {revision!r} ignored: a bundled card is one fixed snapshot"
         loaded = _load_bundled(model_id, note=note)
         if loaded is None:
-            raise RepositoryNotFound(_unknown_bundled_message(model_id))
+            raise RepositoryNotFoundError(_unknown_bundled_message(model_id))
         return loaded
 
     local_path = Path(source).expanduser()
     if local_path.exists():
         return _load_local(source, local_path, revision)
     if _looks_like_path(source):
-        raise ConfigFileNotFound(
+        raise ConfigFileNotFoundError(
             f"{source}: no such file or directory; pass a Hub model id (org/name), "
             "an existing directory holding config.json or a config.json path, or bundled:org/name"
         )
@@ -169,25 +170,27 @@ def read_config_file(path: Path, *, described_as: str) -> dict:
         with open(path, encoding="utf-8") as config_file:
             config = json.load(config_file)
     except FileNotFoundError as error:
-        raise ConfigFileNotFound(f"{described_as}: {path} does not exist") from error
+        raise ConfigFileNotFoundError(f"{described_as}: {path} does not exist") from error
     except IsADirectoryError as error:
-        raise ConfigFileNotFound(f"{described_as}: {path} is a directory, not a file") from error
+        raise ConfigFileNotFoundError(
+            f"{described_as}: {path} is a directory, not a file"
+        ) from error
     except json.JSONDecodeError as error:
-        raise MalformedConfig(
+        raise MalformedConfigError(
             f"{described_as}: {path} is not valid JSON: {error.msg} at line {error.lineno} "
             f"column {error.colno}; fix the file or use another revision"
         ) from error
     except UnicodeDecodeError as error:
-        raise MalformedConfig(
+        raise MalformedConfigError(
             f"{described_as}: {path} is not UTF-8 text (byte {error.start}: {error.reason}); "
             "a config.json must be UTF-8 JSON"
         ) from error
     except OSError as error:
-        raise ConfigFileNotFound(
+        raise ConfigFileNotFoundError(
             f"{described_as}: cannot read {path}: {error.strerror or error}"
         ) from error
     if not isinstance(config, dict):
-        raise MalformedConfig(
+        raise MalformedConfigError(
             f"{described_as}: {path} holds a JSON {type(config).__name__}, expected a JSON object "
             "({...}) with the model's configuration"
         )
@@ -198,7 +201,7 @@ def _load_local(source: str, local_path: Path, revision: str | None) -> LoadedCo
     if local_path.is_dir():
         config_path = local_path / CONFIG_FILENAME
         if not config_path.is_file():
-            raise ConfigFileNotFound(
+            raise ConfigFileNotFoundError(
                 f"{source}: no {CONFIG_FILENAME} in this directory; point at the directory "
                 "that holds the model's config.json, or at the JSON file itself"
             )
@@ -328,7 +331,7 @@ def _load_from_hub(
     except CardError:
         raise
     except HFValidationError as error:
-        raise RepositoryNotFound(
+        raise RepositoryNotFoundError(
             f"{repo_id}: not a valid Hub model id and not an existing local path "
             f"({_first_line(error)}); "
             "pass org/name, a directory holding config.json, or bundled:org/name"
@@ -372,9 +375,9 @@ def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, t
         HfHubHTTPError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
     )
+    from huggingface_hub.errors import RepositoryNotFoundError as HfRepositoryNotFoundError
+    from huggingface_hub.errors import RevisionNotFoundError as HfRevisionNotFoundError
 
     shown_revision = revision or "main"
     token_hint = (
@@ -388,17 +391,17 @@ def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, t
 
     # GatedRepoError subclasses RepositoryNotFoundError: test it first.
     if isinstance(error, GatedRepoError):
-        return GatedRepository(
+        return GatedRepositoryError(
             f"{repo_id}: gated repository, access needs a token from an account that accepted "
             f"its conditions on the Hub; {token_hint}{bundled_hint}"
         )
-    if isinstance(error, RepositoryNotFoundError):
-        return RepositoryNotFound(
+    if isinstance(error, HfRepositoryNotFoundError):
+        return RepositoryNotFoundError(
             f"{repo_id}: repository not found on the Hub (if it is private, {token_hint}); "
             f"check the model id{bundled_hint}"
         )
-    if isinstance(error, RevisionNotFoundError):
-        return RevisionNotFound(
+    if isinstance(error, HfRevisionNotFoundError):
+        return RevisionNotFoundError(
             f"{repo_id}: revision {shown_revision!r} not found; pass an existing branch, tag or "
             "commit hash with --revision"
         )
@@ -411,7 +414,7 @@ def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, t
             return f"the Hub could not be reached ({_describe_network_error(cause)})"
         return "the Hub could not be reached and config.json is not in the HF cache"
     if isinstance(error, EntryNotFoundError):
-        return ConfigFileNotFound(
+        return ConfigFileNotFoundError(
             f"{repo_id}@{shown_revision}: the repository has no {CONFIG_FILENAME}; "
             "it may hold a non-transformers model (GGUF, adapters, ...) - point at a repo "
             "or local directory that has one"
@@ -423,7 +426,7 @@ def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, t
     if isinstance(error, HfHubHTTPError):
         status = error.response.status_code if error.response is not None else None
         if status in (401, 403):
-            return GatedRepository(
+            return GatedRepositoryError(
                 f"{repo_id}: the Hub refused access (HTTP {status}); {token_hint}{bundled_hint}"
             )
         if status is not None and (status >= 500 or status in (408, 429)):
@@ -464,16 +467,16 @@ def _first_line(error: BaseException) -> str:
 
 
 def _fall_back_to_bundled(repo_id: str, revision: str | None, *, reason: str) -> LoadedConfig:
-    """Answer from the bundled card when the Hub cannot, or raise HubUnreachable."""
+    """Answer from the bundled card when the Hub cannot, or raise HubUnreachableError."""
     loaded = _load_bundled(repo_id, note=None)
     if loaded is None:
-        raise HubUnreachable(
+        raise HubUnreachableError(
             f"{repo_id}: {reason}, and keras-mha bundles no card for it; connect to the Hub "
             "(or set HF_ENDPOINT to a mirror) and retry, or pass a local directory holding "
             "config.json"
         )
     if revision is not None and revision not in ("main", loaded.revision):
-        raise HubUnreachable(
+        raise HubUnreachableError(
             f"{repo_id}: {reason}; the bundled card is revision {loaded.revision!r}, "
             f"not {revision!r}; retry online, or drop --revision to use the bundled card"
         )
