@@ -269,8 +269,14 @@ def shrink(raw: dict) -> dict:
     shrunk = copy.deepcopy(raw)
     text = shrunk.get("text_config") if isinstance(shrunk.get("text_config"), dict) else shrunk
     if text is not shrunk:
-        text.setdefault("num_attention_heads", 8)
+        # A text_config may leave its sizes to the config class's (full-size) defaults.
+        for key in ("num_attention_heads", "hidden_size", "intermediate_size", "num_hidden_layers"):
+            text.setdefault(key, 8)
         text["head_dim"] = _HEAD_SIZE
+    for config in (shrunk, text):
+        # Half-precision dtypes would build a half-precision model on CPU.
+        config.pop("torch_dtype", None)
+        config.pop("dtype", None)
 
     def set_if_present(key, value):
         if text.get(key) is not None:

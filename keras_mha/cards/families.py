@@ -222,6 +222,7 @@ def read_family(reader: ConfigReader, family: Family) -> dict:
         hook(reader, fields)
     if "head_dim" not in fields:
         fields["head_dim"] = derived_head_dim(reader, fields)
+    fields.setdefault("layer_kinds", ("full",) * fields["num_hidden_layers"])
     return fields
 
 

@@ -455,7 +455,7 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
         fields["tie_word_embeddings"] = _wrapper_tie(top, wrapper, fields["tie_word_embeddings"])
 
     num_hidden_layers = fields.pop("num_hidden_layers")
-    layer_kinds = fields.pop("layer_kinds", None) or ("full",) * num_hidden_layers
+    layer_kinds = fields.pop("layer_kinds")
     sliding_window = fields.pop("sliding_window", None)
     fields.setdefault("value_head_dim", fields["head_dim"])
     fields.setdefault("attention_scale", fields["head_dim"] ** -0.5)
