@@ -58,6 +58,7 @@ ATTENTION_PARTS = ("self", "cross", "encoder")
 _ONE_PLUS_WEIGHT_NORM_FAMILIES = frozenset({"gemma3_text"})
 
 
+
 # -- reading tensors ----------------------------------------------------------------------------
 
 
