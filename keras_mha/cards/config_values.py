@@ -312,7 +312,8 @@ class ConfigReader:
         low = quantity_low if low is None else max(low, quantity_low)
         high = quantity_high if high is None else min(high, quantity_high)
         if isinstance(value, bool) or not isinstance(value, int):
-            hint = " (write 32, not 32.0)" if isinstance(value, float) else ""
+            integral = isinstance(value, float) and value.is_integer()
+            hint = f" (write {int(value)}, not {value})" if integral else ""
             raise self.error(
                 key,
                 value,
