@@ -19,6 +19,7 @@ from keras_mha.cards.config_values import MAX_NESTING_DEPTH, shown
 from keras_mha.cards.costs import kv_cache_cost, parameter_counts
 from keras_mha.cards.spec import from_config
 from keras_mha.errors import ConfigError, KerasMHAError
+from tests.test_spec import mistral
 
 pytestmark = pytest.mark.backend_independent
 
@@ -29,17 +30,8 @@ def card(card_id: str) -> dict:
     return json.loads((CARDS_ROOT / card_id / "config.json").read_text())
 
 
-MISTRAL = {
-    "model_type": "mistral",
-    "architectures": ["MistralForCausalLM"],
-    "hidden_size": 256,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 4,
-    "intermediate_size": 512,
-    "vocab_size": 100,
-    "sliding_window": 64,
-}
+# A small Mistral config (every layer slides) with an architecture.
+MISTRAL = {**mistral(sliding_window=64), "architectures": ["MistralForCausalLM"]}
 
 
 def edited(base: dict | str, path: str, value) -> dict:

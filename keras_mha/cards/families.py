@@ -11,6 +11,7 @@ same way (see `keras_mha.cards.config_values`).
 
 Example:
     >>> from keras_mha.cards.config_values import ConfigReader
+from keras_mha.cards.family_defaults import DBRX_ATTN_DEFAULTS
     >>> reader = ConfigReader({"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 10,
     ...                        "n_positions": 32}, model_type="gpt2")
     >>> fields = read_family(reader, FAMILIES["gpt2"])
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keras_mha.cards.config_values import ConfigReader
+from keras_mha.cards.family_defaults import DBRX_ATTN_DEFAULTS
 from keras_mha.errors import ConfigError
 
 # -- spellings ----------------------------------------------------------------------------------
@@ -189,10 +191,11 @@ def read_family(reader: ConfigReader, family: Family) -> dict:
         name="num_key_value_heads",
         shape=True,
     )
-    head_dim = reader.integer(keys.get("head_dim", ()), "width", default=None, shape=True)
+    head_dim = reader.integer(
+        keys.get("head_dim", ()), "width", default=None, name="head_dim", shape=True
+    )
     if head_dim is not None:
         fields["head_dim"] = head_dim
-        reader.found["head_dim"] = "head_dim"
     if "intermediate_size" in keys:
         fields["intermediate_size"] = reader.integer(
             keys["intermediate_size"],
@@ -253,8 +256,8 @@ def _rope_fields(reader: ConfigReader, keys: Mapping[str, tuple[str, ...]]) -> d
             if name in parameters
         }
         flat = by_layer_type.get("full_attention", parameters) or {}
-        theta = flat.get("rope_theta", theta)
-        factor = flat.get("partial_rotary_factor", factor)
+        theta = flat.get("rope_theta") or theta
+        factor = flat.get("partial_rotary_factor") or factor
         if scaling is None and flat.get("rope_type", "default") != "default":
             scaling = {key: value for key, value in flat.items() if key != "rope_theta"}
     return {
@@ -648,7 +651,8 @@ def _dbrx(reader: ConfigReader, fields: dict) -> None:
     Both objects are required, with the keys that decide the model's size: a config
     without them is malformed, not a config to read with DbrxConfig's defaults.
     """
-    attention, ffn = reader.sub_config("attn_config"), reader.sub_config("ffn_config")
+    attention = reader.sub_config("attn_config", defaults=DBRX_ATTN_DEFAULTS)
+    ffn = reader.sub_config("ffn_config")
     for name, sub in (("attn_config", attention), ("ffn_config", ffn)):
         reader.require(sub is not None, name, reader.config.get(name), "must be a JSON object")
     fields["num_key_value_heads"] = attention.integer(
@@ -659,7 +663,7 @@ def _dbrx(reader: ConfigReader, fields: dict) -> None:
     size = ffn.integer("ffn_hidden_size", "width")
     fields.update(
         qkv_clip=attention.number("clip_qkv"),
-        rope_theta=attention.number("rope_theta", default=10000.0),
+        rope_theta=attention.number("rope_theta"),
         intermediate_size=size,
         num_experts=experts,
         num_experts_per_tok=ffn.integer("moe_top_k", "experts", high=experts),
@@ -822,7 +826,7 @@ FAMILIES: dict[str, Family] = {
         hooks=(_bart,),
     ),
     "dbrx": Family(
-        keys={**_COMMON_KEYS, "hidden_size": ("d_model",) + HIDDEN_KEYS},
+        keys=_COMMON_KEYS,
         traits={**_LLAMA_TRAITS, "norm_type": "layer", "norm_bias": False},
         hooks=(_dbrx,),
     ),
