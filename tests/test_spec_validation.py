@@ -261,6 +261,14 @@ REFUSALS = [
         "JSON object",
     ),
     (
+        "vision-config-missing",
+        "google/paligemma-3b-pt-224",
+        "vision_config",
+        DELETE,
+        "vision_config",
+        "JSON object",
+    ),
+    (
         "vision-patch-above-image",
         "google/paligemma-3b-pt-224",
         "vision_config.patch_size",

@@ -542,12 +542,16 @@ def _read_vision(
     top: ConfigReader, model_type: str, text_hidden: int, spec_warnings: list[str]
 ) -> VisionSpec | None:
     """The vision tower of a known multimodal wrapper (LLaVA, PaliGemma, Gemma 3)."""
-    if top.config.get("vision_config") is None:
-        return None
     wrapper = MULTIMODAL_WRAPPERS.get(model_type)
-    vision_config = top.config["vision_config"]
+    vision_config = top.config.get("vision_config")
+    if vision_config is None and wrapper is None:
+        return None
+    # A wrapper without one would get its config class's default tower: refused, not guessed.
     top.require(
-        isinstance(vision_config, Mapping), "vision_config", vision_config, "must be a JSON object"
+        isinstance(vision_config, Mapping),
+        "vision_config",
+        vision_config,
+        "must be a JSON object holding the vision tower's config",
     )
     vision_type = vision_config.get("model_type") or (wrapper[1] if wrapper else None)
     if wrapper is None or vision_type not in VISION_TOWERS:
