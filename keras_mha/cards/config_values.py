@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import math
 import reprlib
 from collections.abc import Mapping, Sequence
@@ -122,10 +121,12 @@ def _type_name(value: Any) -> str:
 
 
 def copy_json_config(config: Any) -> dict:
-    """A deep copy of `config` after checking it is a plain JSON object of bounded depth.
+    """A copy of `config` as plain dicts and lists, after checking it is a JSON object of
+    bounded depth.
 
-    The walk is iterative, so a hostile nesting depth (or a dict that contains itself)
-    is an error, never a `RecursionError`.
+    The copy is made iteratively, so a hostile nesting depth (or a dict that contains
+    itself) is an error, never a `RecursionError`, and mappings or tuples a Python caller
+    passed become plain dicts and lists.
 
     Raises:
         ConfigError: not a dict, a non-string key, a non-JSON value, or nested too deep.
@@ -139,36 +140,46 @@ def copy_json_config(config: Any) -> dict:
             f"config must be a JSON object (a dict), got {_type_name(config)}: {shown(config)}",
             value=config,
         )
-    stack: list[tuple[Any, str, int]] = [(config, "", 1)]
+    copied: dict = {}
+    stack: list[tuple[Any, Any, str, int]] = [(config, copied, "", 1)]
     while stack:
-        node, path, depth = stack.pop()
+        source, target, path, depth = stack.pop()
         if depth > MAX_NESTING_DEPTH:
             raise ConfigError(
-                f"config.json: {path or 'the config'} is nested deeper than "
-                f"{MAX_NESTING_DEPTH} levels; expected a plain config",
-                key=path or None,
-            )
-        if isinstance(node, Mapping):
-            for key, value in node.items():
-                if not isinstance(key, str):
-                    raise ConfigError(
-                        f"config.json: key {shown(key)} under {path or 'the top level'} is "
-                        f"not a string; expected JSON object keys",
-                        key=path or None,
-                        value=key,
-                    )
-                stack.append((value, f"{path}.{key}" if path else key, depth + 1))
-        elif isinstance(node, list | tuple):
-            for index, value in enumerate(node):
-                stack.append((value, f"{path}[{index}]", depth + 1))
-        elif not isinstance(node, _JSON_SCALARS):
-            raise ConfigError(
-                f"config.json: {path}={shown(node)} is a {type(node).__name__}; expected a "
-                f"JSON value (object, array, string, number, boolean or null)",
+                f"config.json: {path} is nested deeper than {MAX_NESTING_DEPTH} levels; "
+                f"expected a plain config",
                 key=path,
-                value=node,
             )
-    return copy.deepcopy(dict(config))
+        is_object = isinstance(source, Mapping)
+        for key, value in source.items() if is_object else enumerate(source):
+            if is_object and not isinstance(key, str):
+                raise ConfigError(
+                    f"config.json: key {shown(key)} under {path or 'the top level'} is not a "
+                    f"string; expected JSON object keys",
+                    key=path or None,
+                    value=key,
+                )
+            child_path = (f"{path}.{key}" if path else key) if is_object else f"{path}[{key}]"
+            if isinstance(value, Mapping):
+                child: Any = {}
+                stack.append((value, child, child_path, depth + 1))
+            elif isinstance(value, list | tuple):
+                child = []
+                stack.append((value, child, child_path, depth + 1))
+            elif isinstance(value, _JSON_SCALARS):
+                child = value
+            else:
+                raise ConfigError(
+                    f"config.json: {child_path}={shown(value)} is a {type(value).__name__}; "
+                    f"expected a JSON value (object, array, string, number, boolean or null)",
+                    key=child_path,
+                    value=value,
+                )
+            if is_object:
+                target[key] = child
+            else:
+                target.append(child)
+    return copied
 
 
 class ConfigReader:

@@ -635,7 +635,6 @@ def _head_fields(architecture: str | None, family: str, notes: list[str]) -> dic
 __all__ = [
     "ATTENTION_KINDS",
     "AttentionLayerSpec",
-    "KNOWN_MODEL_TYPES",
     "LAYER_KINDS",
     "MULTIMODAL_WRAPPERS",
     "MambaSpec",
