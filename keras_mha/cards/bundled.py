@@ -113,8 +113,8 @@ def close_bundled_ids(model_id: str, limit: int = 3) -> list[str]:
     Example:
         >>> close_bundled_ids("meta-llama/Meta-Llama-3-8b-typo")[0]
         'meta-llama/Meta-Llama-3-8B'
-        >>> close_bundled_ids("Mistral-7B-v0.1")
-        ['mistralai/Mistral-7B-v0.1']
+        >>> close_bundled_ids("Mistral-7B-v0.1")[0]
+        'mistralai/Mistral-7B-v0.1'
     """
     import difflib
 

@@ -114,8 +114,8 @@ def validate_token(token, *, argument: str = "--token") -> None:
         >>> try:
         ...     validate_token("hf_abc\\n")
         ... except ValueError as error:
-        ...     print(error.exit_code, str(error)[:47])
-        12 --token is malformed: it contains a newline or
+        ...     print(error.exit_code, str(error)[:46])
+        12 --token is malformed: it contains a newline
     """
     if not isinstance(token, str):
         raise InvalidTokenError(f"{argument} is a {type(token).__name__}, expected a string")
