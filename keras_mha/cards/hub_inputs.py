@@ -114,7 +114,7 @@ def validate_token(token, *, argument: str = "--token") -> None:
         >>> try:
         ...     validate_token("hf_abc\\n")
         ... except ValueError as error:
-        ...     print(error.exit_code, str(error)[:46])
+        ...     print(error.exit_code, str(error)[:43])
         12 --token is malformed: it contains a newline
     """
     if not isinstance(token, str):
