@@ -152,6 +152,8 @@ def _exchange(url, headers, deadline, described_as, secrets, max_bytes) -> HubAn
                     linked_size=metadata.get("x-linked-size"),
                     hops=hops,
                 )
+        except (HubResponseError, HubUnreachable):
+            raise
         except OfflineModeIsEnabled:
             raise HubUnreachable("offline mode is on (HF_HUB_OFFLINE)") from None
         except httpx2.TimeoutException as error:
