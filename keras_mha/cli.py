@@ -35,6 +35,7 @@ from keras_mha.errors import (
     INTERNAL_ERROR_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,
     KerasMHAError,
+    MissingDependencyError,
     PathError,
     UsageError,
 )
@@ -254,6 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     except KerasMHAError as error:
         _debug_traceback(debug, secrets)
         return _fail(str(error), error.exit_code, secrets)
+    except ModuleNotFoundError as error:
+        _debug_traceback(debug, secrets)
+        if error.name and not error.name.startswith("keras_mha"):
+            return _fail(
+                f"a package this command needs is not installed: {error.name} ({error}); "
+                "install it, e.g. pip install 'keras-mha[jax]' (or [torch], [tensorflow])",
+                MissingDependencyError.exit_code,
+                secrets,
+            )
+        return _internal_error(error, secrets)
     except OSError as error:
         _debug_traceback(debug, secrets)
         if error.errno in _PATH_ERRNOS:

@@ -41,10 +41,11 @@ _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9_]{8,}\b")
 
 # Characters a terminal interprets: C0 controls (except none: tab and newline are
 # handled by the caller), DEL, C1 controls, bidirectional embeddings/overrides/isolates,
-# zero-width characters, line and paragraph separators and the byte-order mark.
+# zero-width characters, line and paragraph separators, the byte-order mark, and lone
+# surrogates (undecodable bytes of a command-line argument, which no stream can encode).
 _INVISIBLE = re.compile(
     "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
-    "\ufff9-\ufffb]"
+    "\ufff9-\ufffb\ud800-\udfff]"
 )
 
 

@@ -235,6 +235,23 @@ def test_subcommands_registered_by_modules_get_the_same_handling(capsys, monkeyp
     assert_one_error_line(err, "internal error: KeyError")
 
 
+def test_a_missing_optional_package_is_one_line(capsys, monkeypatch):
+    def need_matplotlib(*args):
+        import matplotlib_that_is_not_installed  # noqa: F401
+
+    monkeypatch.setattr(cli, "_render", need_matplotlib)
+    code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
+    assert code == errors.MissingDependencyError.exit_code == 18
+    assert_one_error_line(err, "matplotlib_that_is_not_installed", "pip install")
+
+
+def test_undecodable_argument_bytes_are_shown_escaped(capsys):
+    argument = b"/no/such/\xff\xfe/config.json".decode("utf-8", "surrogateescape")
+    code, _, err = run_cli(capsys, "inspect", argument)
+    assert code == 6
+    assert_one_error_line(err, "\\udcff\\udcfe")
+
+
 # -- argparse ---------------------------------------------------------------------------------
 
 
