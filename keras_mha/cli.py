@@ -32,6 +32,7 @@ import sys
 import warnings
 
 from keras_mha.errors import (
+    BROKEN_PIPE_EXIT_CODE,
     INTERNAL_ERROR_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,
     KerasMHAError,
@@ -46,7 +47,7 @@ OUTPUT_FORMATS = ("table", "json", "markdown")
 KV_DTYPES = ("float32", "bfloat16", "float16", "float8", "int8", "int4")
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
-EXIT_BROKEN_PIPE = 141
+EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE
 DEBUG_FLAG = "--debug"
 MAX_TIMEOUT_SECONDS = 86400.0
 # errno values that mean "this path cannot be used as asked" (PathError, exit 14).
