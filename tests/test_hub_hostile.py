@@ -165,6 +165,25 @@ def test_revision_traversal_from_the_cli_writes_nothing_outside_the_cache(
     assert code == 11 and err.count("\n") == 1 and "'../../x'" in err
 
 
+def test_a_traversal_revision_the_server_serves_is_still_refused(world, monkeypatch):
+    # This server answers for the revision "../../../x" (as a broken mirror that ignores the
+    # revision would). huggingface_hub's own hf_hub_download then writes refs/../../../x,
+    # outside the cache; keras-mha refuses the revision before any request.
+    traversal = "../../../x"
+    repos = {"org/tiny": {"main": {"config.json": TINY_BYTES}, traversal: {"config.json": b"{}"}}}
+    with hub_environment(world, monkeypatch, repos) as hub:
+        before = tree(world)
+        with pytest.raises(errors.InvalidRevisionError):
+            load_config("org/tiny", revision=traversal)
+        assert hub.requests == [] and tree(world) == before
+
+        import huggingface_hub
+
+        huggingface_hub.hf_hub_download("org/tiny", "config.json", revision=traversal)
+        escaped = {path for path in set(tree(world)) - set(before) if "hf_home/hub/" not in path}
+    assert escaped == {"hf_home/x"}, "the control: upstream writes outside the cache here"
+
+
 def test_valid_refs_are_accepted_and_cached_in_the_hub_layout(world, monkeypatch):
     with hostile_hub(world, monkeypatch, None) as hub:
         loaded = load_config("org/tiny", revision="v1")
