@@ -171,7 +171,7 @@ def load_config(
         timeout=_deadline_seconds(timeout),
         cache_dir=cache_dir,
     )
-    local_path = Path(source).expanduser()
+    local_path = _expand_user(source)
     # A folder that happens to be named like a URL without a scheme (`hf.co/org/name`, as
     # some mirroring tools lay them out) is read as the local folder it is.
     if "://" not in source and _local_path_exists(source, local_path):
@@ -193,6 +193,14 @@ def load_config(
             path=source,
         )
     return _load_from_hub(source, revision=revision, **hub_options)
+
+
+def _expand_user(source: str) -> Path:
+    """`~/x` and `~user/x` expanded; a `~name` naming no user stays as typed."""
+    try:
+        return Path(source).expanduser()
+    except RuntimeError:  # "Could not determine home directory" for an unknown ~name
+        return Path(source)
 
 
 def _local_path_exists(source: str, local_path: Path) -> bool:
