@@ -453,8 +453,10 @@ def _render(loaded, arguments: argparse.Namespace) -> str:
 def _configure_huggingface_hub(timeout: float) -> None:
     """Defaults for huggingface_hub, which reads them from the environment once, at import.
 
-    The download timeout follows `--timeout` and progress bars stay off (a config.json is
-    small and stderr is for errors); a value the user set in the environment wins.
+    keras-mha fetches config.json itself under `--timeout` (`cards.hub_fetch`); for any
+    other huggingface_hub download in the same process the download timeout follows
+    `--timeout` and progress bars stay off (stderr is for errors). A value the user set in
+    the environment wins.
     """
     if "huggingface_hub" in sys.modules:
         return
