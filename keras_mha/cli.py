@@ -239,13 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = [str(argument) for argument in (sys.argv[1:] if argv is None else argv)]
     argv, debug = _take_debug_flag(argv)
     secrets = _secrets(argv)
+    if sys.stdout is None:  # started with stdout closed (`keras-mha ... >&-`)
+        return _fail("cannot write the output: stdout is closed", PathError.exit_code)
     try:
-        exit_code = _dispatch(argv)
+        try:
+            exit_code = _dispatch(argv)
+        except SystemExit as exit_request:  # --help, --version, or a command's sys.exit
+            exit_code = _exit_status(exit_request.code)
         _flush_stdout()
         return exit_code
-    except SystemExit as exit_request:  # --help, --version, or a command's sys.exit
-        _flush_stdout_quietly()
-        return _exit_status(exit_request.code)
     except KeyboardInterrupt:
         _debug_traceback(debug, secrets)
         return EXIT_INTERRUPTED
@@ -325,6 +327,9 @@ def _describe_os_error(error: OSError) -> str:
     reason = error.strerror or type(error).__name__
     if error.filename is not None:
         return f"{error.filename}: {reason}"
+    if error.errno in (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EFBIG, errno.EDQUOT):
+        _silence_stdout()  # most likely stdout; Python would fail again flushing it at exit
+        return f"cannot write the output: {reason}"
     return f"cannot read or write as asked: {reason}"
 
 
@@ -390,13 +395,6 @@ def _flush_stdout() -> None:
             raise PathError(
                 f"cannot write the output to stdout: {reason}", path="<stdout>"
             ) from None
-
-
-def _flush_stdout_quietly() -> None:
-    try:
-        _flush_stdout()
-    except (OSError, PathError):
-        pass
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
@@ -467,9 +465,10 @@ def _configure_huggingface_hub(timeout: float) -> None:
 def _list_cards() -> int:
     from keras_mha.cards.bundled import bundled_source, list_bundled
 
-    for repo_id in list_bundled():
-        revision = bundled_source(repo_id).get("revision") or ""
-        sys.stdout.write(f"{repo_id}\t{revision}\n")
+    lines = [
+        f"{repo_id}\t{bundled_source(repo_id).get('revision') or ''}" for repo_id in list_bundled()
+    ]
+    write_stdout("\n".join(lines))
     return 0
 
 
