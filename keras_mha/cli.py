@@ -34,28 +34,15 @@ EXIT_INTERRUPTED = 130
 
 
 def parse_seq_lens(text: str) -> list[int]:
-    """`--seq-len` values: comma-separated positive integers, `k` meaning 1024 (`8k` = 8192).
+    """`--seq-len` values: comma-separated lengths, `k` = 1024 and `m` = 1024**2 (any case).
 
     Example:
-        >>> parse_seq_lens("4096,8k,128K")
-        [4096, 8192, 131072]
+        >>> parse_seq_lens("4096,8k,128K,1m")
+        [4096, 8192, 131072, 1048576]
     """
-    lengths = []
-    for part in text.split(","):
-        item = part.strip().lower()
-        multiplier = 1
-        if item.endswith("k"):
-            item, multiplier = item[:-1], 1024
-        try:
-            length = int(item) * multiplier
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--seq-len {text!r}: {part.strip()!r} is not an integer (use e.g. 4096,8k)"
-            ) from None
-        if length <= 0:
-            raise argparse.ArgumentTypeError(f"--seq-len {text!r}: lengths must be positive")
-        lengths.append(length)
-    return lengths
+    from keras_mha.commands.options import seq_lens_type
+
+    return seq_lens_type(text)
 
 
 def _positive_int(text: str) -> int:
@@ -85,10 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "gpt2", "--seq-len", "1k"]).seq_len
         [1024]
     """
+    from keras_mha.commands import compare, options
+
     parser = argparse.ArgumentParser(
         prog=PROGRAM,
         description="Attention layers for Keras 3, and model-card tools for Hub configs.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROGRAM} {_version()}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     inspect = subcommands.add_parser(
@@ -115,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--kv-dtype",
         default="bfloat16",
-        choices=KV_DTYPES,
-        help="KV-cache element type (default bfloat16)",
+        type=options.dtype_type("--kv-dtype"),
+        metavar="DTYPE",
+        help=f"KV-cache element type: {', '.join(KV_DTYPES)} (aliases bf16, fp16, fp8, fp32, "
+        "...; default bfloat16)",
     )
     inspect.add_argument(
         "--format", default="table", choices=OUTPUT_FORMATS, help="output format (default table)"
@@ -135,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the Hub (default 10; HF_HUB_ETAG_TIMEOUT wins)",
     )
 
+    options.add_memory_arguments(inspect)
+
     subcommands.add_parser("cards", help="list the bundled model cards")
+    compare.add_parser(subcommands)
     subcommands.add_parser(
         "bench",
         help="benchmarks: `bench layers [...]` (default) or `bench inspect [...]`",
@@ -162,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             return _inspect(arguments)
         if arguments.command == "cards":
             return _list_cards()
+        if arguments.command == "compare":
+            from keras_mha.commands import compare
+
+            return compare.run(arguments)
         parser.print_help()
         return 0
     except KeyboardInterrupt:
@@ -174,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _inspect(arguments: argparse.Namespace) -> int:
     from keras_mha.cards.errors import CardError, ConfigError
+    from keras_mha.commands.options import memory_request
+    from keras_mha.errors import UsageError
+
+    try:
+        arguments.memory_request = memory_request(arguments)
+    except UsageError as error:
+        return _fail(str(error), error.exit_code)
 
     _configure_huggingface_hub(arguments.timeout)
     try:
@@ -213,7 +219,12 @@ def _render(loaded, arguments: argparse.Namespace) -> str:
         spec = from_config(loaded.config, model_id=loaded.model_id)
     seq_lens = arguments.seq_len or [reports.default_seq_len(spec)]
     report = reports.build_report(
-        loaded, spec, seq_lens=seq_lens, batch=arguments.batch, kv_dtype=arguments.kv_dtype
+        loaded,
+        spec,
+        seq_lens=seq_lens,
+        batch=arguments.batch,
+        kv_dtype=arguments.kv_dtype,
+        memory_request=arguments.memory_request,
     )
     if arguments.format == "json":
         import json
@@ -222,6 +233,12 @@ def _render(loaded, arguments: argparse.Namespace) -> str:
     if arguments.format == "markdown":
         return reports.render_markdown(report)
     return reports.render_table(report)
+
+
+def _version() -> str:
+    from keras_mha import __version__
+
+    return __version__
 
 
 def _configure_huggingface_hub(timeout: float) -> None:

@@ -49,10 +49,27 @@ class GPU:
 # name, memory, source, aliases. Order: the order `keras-mha inspect --gpu list` prints.
 GPUS: tuple[GPU, ...] = (
     GPU("H200 141GB", 143771 * MIB, "nvidia-smi", ("h200", "h200sxm", "h200141gb")),
-    GPU("H100 80GB SXM", 81559 * MIB, "nvidia-smi", ("h100", "h100sxm", "h10080gb", "h10080gbhbm3", "h100sxm80gb", "h100sxm5")),  # fmt: skip
-    GPU("H100 80GB PCIe", 81559 * MIB, "nvidia-smi", ("h100pcie", "h100pcie80gb", "h10080gbpcie")),  # fmt: skip
-    GPU("A100 80GB", 81920 * MIB, "nvidia-smi", ("a10080gb", "a100sxm480gb", "a10080gbpcie", "a100sxm80gb")),  # fmt: skip
-    GPU("A100 40GB", 40960 * MIB, "nvidia-smi", ("a10040gb", "a100sxm440gb", "a100pcie40gb", "a100sxm40gb")),  # fmt: skip
+    GPU(
+        "H100 80GB SXM",
+        81559 * MIB,
+        "nvidia-smi",
+        ("h100", "h100sxm", "h10080gb", "h10080gbhbm3", "h100sxm80gb", "h100sxm5"),
+    ),  # fmt: skip
+    GPU(
+        "H100 80GB PCIe", 81559 * MIB, "nvidia-smi", ("h100pcie", "h100pcie80gb", "h10080gbpcie")
+    ),  # fmt: skip
+    GPU(
+        "A100 80GB",
+        81920 * MIB,
+        "nvidia-smi",
+        ("a10080gb", "a100sxm480gb", "a10080gbpcie", "a100sxm80gb"),
+    ),  # fmt: skip
+    GPU(
+        "A100 40GB",
+        40960 * MIB,
+        "nvidia-smi",
+        ("a10040gb", "a100sxm440gb", "a100pcie40gb", "a100sxm40gb"),
+    ),  # fmt: skip
     GPU("L40S 48GB", 46068 * MIB, "nvidia-smi", ("l40s", "l40s48gb")),
     GPU("L4 24GB", 23034 * MIB, "nvidia-smi", ("l4", "l424gb")),
     GPU("A10G 24GB", 23028 * MIB, "nvidia-smi", ("a10g", "a10g24gb", "a10", "a1024gb")),
@@ -60,7 +77,9 @@ GPUS: tuple[GPU, ...] = (
     GPU("RTX 3090 24GB", 24576 * MIB, "nvidia-smi", ("rtx3090", "3090", "rtx309024gb")),
     GPU("T4 16GB", 15360 * MIB, "nvidia-smi", ("t4", "t416gb")),
     GPU("V100 32GB", 32510 * MIB, "nvidia-smi", ("v10032gb", "v100sxm232gb", "v100pcie32gb")),
-    GPU("V100 16GB", 16160 * MIB, "nvidia-smi", ("v10016gb", "v100sxm216gb", "v100pcie16gb")),  # fmt: skip
+    GPU(
+        "V100 16GB", 16160 * MIB, "nvidia-smi", ("v10016gb", "v100sxm216gb", "v100pcie16gb")
+    ),  # fmt: skip
     GPU("MI300X 192GB", 192 * GIB, "nominal", ("mi300x", "mi300x192gb")),
 )
 

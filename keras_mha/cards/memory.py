@@ -16,8 +16,8 @@ stay in bfloat16. Quantized parts carry scales, counted per part:
 
 | dtype | bits per weight | scales |
 |---|---|---|
-| int8, int4 | 8, 4 | one float16 scale per group of 128 weights: `2 * ceil(n / 128)` bytes |
-| float8 | 8 | one float32 scale per 128 x 128 block (DeepSeek-V3's layout): `4 * ceil(n / 16384)` bytes |
+| int8, int4 | 8, 4 | one float16 scale per 128 weights: `2 * ceil(n / 128)` bytes |
+| float8 | 8 | one float32 scale per 128 x 128 block (DeepSeek-V3): `4 * ceil(n / 16384)` bytes |
 
 Biases inside the quantized parts are counted at the quantized width (they are under
 0.1% of any part). Zero points (asymmetric int4) are not counted.
@@ -355,7 +355,8 @@ class TrainingMemory:
         """JSON-ready.
 
         Example:
-            >>> TrainingMemory("sgd", "float32", 1, 1, 4, 0, 4, 8, 1, 1, 17, 17).as_dict()["optimizer"]
+            >>> memory = TrainingMemory("sgd", "float32", 1, 1, 4, 0, 4, 8, 1, 1, 17, 17)
+            >>> memory.as_dict()["optimizer"]
             'sgd'
         """
         return asdict(self)
@@ -475,8 +476,8 @@ class ServingMemory:
     """Serving memory at one batch and sequence length (formulas: module docstring).
 
     Example:
-        >>> ServingMemory("bfloat16", "bfloat16", "bfloat16", 1, 8, 2048, 10, 4, 0, 2, 16).total_bytes
-        16
+        >>> ServingMemory("bfloat16", "bfloat16", "bfloat16", 1, 8, 2048, 10, 4, 0, 2, 16).kv_dtype
+        'bfloat16'
     """
 
     weights_dtype: str
@@ -495,7 +496,8 @@ class ServingMemory:
         """JSON-ready.
 
         Example:
-            >>> ServingMemory("int4", "int8", "bfloat16", 1, 1, 1, 1, 1, 0, 1, 3).as_dict()["kv_dtype"]
+            >>> memory = ServingMemory("int4", "int8", "bfloat16", 1, 1, 1, 1, 1, 0, 1, 3)
+            >>> memory.as_dict()["kv_dtype"]
             'int8'
         """
         return asdict(self)
