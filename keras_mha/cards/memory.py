@@ -44,8 +44,9 @@ of each sequence) for decoders, `4 * T * V` for a masked-LM head, none otherwise
 `mixed` is the usual accounting of mixed precision with float32 master weights
 (Megatron-LM, DeepSpeed ZeRO); Keras's `mixed_bfloat16` policy keeps float32 variables and
 float32 gradients instead, the same 8 bytes per parameter. Optimizer state is float32:
-Adam and AdamW two moments (8P), SGD with momentum one (4P), plain SGD none, plus the
-8 bytes of Keras's step counter (int32) and learning rate (float32).
+Adam and AdamW two moments (8P), SGD with momentum one (4P), plain SGD none, plus 12
+bytes for Keras's step counter (int64 on TensorFlow, int32 on JAX and PyTorch) and learning
+rate (float32).
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models" (arXiv:2205.05198, section 4.1): a GPT layer without tensor
@@ -142,8 +143,9 @@ TRAINING_PRECISIONS = {
 }
 # Float32 moments per parameter.
 OPTIMIZER_MOMENTS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
-# Keras optimizers also keep a step counter (int32) and the learning rate (float32).
-OPTIMIZER_SCALAR_BYTES = 8
+# Keras optimizers also keep a step counter (int64 on TensorFlow, int32 on JAX and PyTorch)
+# and the learning rate (float32): at most 12 bytes.
+OPTIMIZER_SCALAR_BYTES = 12
 DEFAULT_PREFILL_CHUNK = 2048
 # Searches stop here: 2**40 tokens or sequences is "unbounded" for any memory size.
 SEARCH_LIMIT = 2**40
@@ -385,7 +387,7 @@ def training_state_bytes(
 
     Example:
         >>> training_state_bytes(1000, optimizer="adamw", precision="mixed")
-        {'weights': 2000, 'master_weights': 4000, 'gradients': 2000, 'optimizer': 8008}
+        {'weights': 2000, 'master_weights': 4000, 'gradients': 2000, 'optimizer': 8012}
     """
     _check_choice("optimizer", optimizer, OPTIMIZER_MOMENTS)
     _check_choice("precision", precision, TRAINING_PRECISIONS)
