@@ -224,9 +224,13 @@ def _summary_rows(report: dict) -> list[tuple[str, str]]:
         ),
         (
             f"training ({training['optimizer']}, {training['precision']})",
-            f"{_bytes(training['total_bytes'])} = weights "
-            f"{_bytes(training['weights_bytes'] + training['master_weights_bytes'])} + "
-            f"gradients {_bytes(training['gradient_bytes'])} + optimizer "
+            f"{_bytes(training['total_bytes'])} = weights {_bytes(training['weights_bytes'])}"
+            + (
+                f" + float32 master weights {_bytes(training['master_weights_bytes'])}"
+                if training["master_weights_bytes"]
+                else ""
+            )
+            + f" + gradients {_bytes(training['gradient_bytes'])} + optimizer "
             f"{_bytes(training['optimizer_bytes'])} + activations "
             f"{_bytes(training['activation_bytes'])}",
         ),
@@ -349,15 +353,15 @@ def memory_markdown_lines(report: dict) -> list[str]:
         "",
         "## Memory",
         "",
-        "| weights dtype | total | embeddings | attention | MLP | LM head |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| weights dtype | total | embeddings | attention | MLP | norms | LM head | other |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for dtype, size in entry["weights_bytes"].items():
         parts = entry["weights_bytes_by_part"][dtype]
         lines.append(
             f"| {dtype} | {_bytes(size)} | {_bytes(parts['embeddings'])} | "
             f"{_bytes(parts['attention'])} | {_bytes(parts['mlp'])} | "
-            f"{_bytes(parts['lm_head'])} |"
+            f"{_bytes(parts['norms'])} | {_bytes(parts['lm_head'])} | {_bytes(parts['other'])} |"
         )
     lines += [
         "",
