@@ -642,18 +642,20 @@ def serving_bytes_function(
     # At a length no window reaches, a sliding layer's cached tokens are its window.
     layers = kv_cache_cost(spec, seq_len=SEARCH_LIMIT, kv_dtype=kv_dtype).layers
     growing = 0  # elements per token of layers that cache every token
-    capped = []  # (window, elements per token) of sliding-window layers
+    capped: dict[int, int] = {}  # window -> elements per token of its sliding layers
     for layer in layers:
         elements = layer.key_elements_per_token + layer.value_elements_per_token
         if layer.kind == "sliding" and layer.cached_tokens < SEARCH_LIMIT:
-            capped.append((layer.cached_tokens, elements))
+            capped[layer.cached_tokens] = capped.get(layer.cached_tokens, 0) + elements
         else:
             growing += elements
+    capped_items = tuple(capped.items())
     recurrent_per_row = probe.recurrent_state_bytes
 
     def serving(batch: int, seq_len: int) -> int:
         elements = seq_len * growing
-        elements += sum(min(seq_len, window) * per_token for window, per_token in capped)
+        for window, per_token in capped_items:
+            elements += min(seq_len, window) * per_token
         kv = -(-batch * elements * bits // 8)
         workspace = _workspace_bytes(spec, batch, seq_len, compute_bytes, prefill_chunk, widest)
         return probe.weights_bytes + kv + batch * recurrent_per_row + workspace
