@@ -6,9 +6,12 @@
     keras-mha cards                      list the bundled cards
     keras-mha bench [layers|inspect] ... benchmarks (default: layers)
 
-MODEL is a Hub model id, a local directory or config.json, or `bundled:org/name`.
-Errors are one line on stderr (`keras-mha: error: ...`) and the exit code names the
-error (see `keras_mha.cards.errors`); argparse usage errors exit with 2.
+MODEL is a Hub model id or model page URL, a local directory or config.json, or
+`bundled:org/name`. Errors are one line on stderr (`keras-mha: error: ...`), never a
+traceback, and the exit code names the error (the table in `keras_mha.errors`): a bad
+argument exits with 2, an unexpected exception with 70 (`--debug` prints its
+traceback), Ctrl-C with 130, and a reader that closed the pipe (`keras-mha ... | head -1`)
+ends the run quietly with 141, as a Unix tool killed by SIGPIPE would.
 
 `inspect` imports neither keras nor a backend, and imports `huggingface_hub` only
 when it has to reach the Hub (or its cache) for a model id.
@@ -22,15 +25,80 @@ Example:
 from __future__ import annotations
 
 import argparse
+import errno
+import math
 import os
 import sys
 import warnings
+
+from keras_mha.errors import (
+    INTERNAL_ERROR_EXIT_CODE,
+    INTERRUPTED_EXIT_CODE,
+    KerasMHAError,
+    MissingDependencyError,
+    PathError,
+    UsageError,
+)
 
 PROGRAM = "keras-mha"
 OUTPUT_FORMATS = ("table", "json", "markdown")
 # Mirrors keras_mha.cards.costs; kept here so `--help` needs no import of the cost model.
 KV_DTYPES = ("float32", "bfloat16", "float16", "float8", "int8", "int4")
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
+#: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
+EXIT_BROKEN_PIPE = 141
+DEBUG_FLAG = "--debug"
+MAX_TIMEOUT_SECONDS = 86400.0
+# errno values that mean "this path cannot be used as asked" (PathError, exit 14).
+_PATH_ERRNOS = {
+    errno.ENOENT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.ENAMETOOLONG,
+    errno.ENOSPC,
+    errno.EROFS,
+    errno.EEXIST,
+    errno.ELOOP,
+    errno.EFBIG,
+    errno.EDQUOT,
+    errno.ENOTEMPTY,
+    errno.EXDEV,
+    errno.EBADF,
+    errno.EIO,
+}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, except that a bad argument raises `UsageError` (one short line naming the
+    flag, the value and what is expected, exit 2) instead of printing a usage block.
+
+    Subparsers (and so every subcommand's options) use this class too.
+
+    Example:
+        >>> parser = ArgumentParser(prog="demo")
+        >>> _ = parser.add_argument("--batch", type=int)
+        >>> parser.parse_args(["--batch", "x"])
+        Traceback (most recent call last):
+        ...
+        keras_mha.errors.UsageError: --batch: invalid int value: 'x'; see `demo --help`
+    """
+
+    def error(self, message: str):
+        raise UsageError(_usage_line(self.prog, message))
+
+
+def _usage_line(prog: str, message: str) -> str:
+    text = " ".join(str(message).split())
+    if text.startswith("argument "):
+        flag, _, rest = text[len("argument ") :].partition(": ")
+        # Type functions that name their flag would otherwise print it twice.
+        if rest.startswith(flag + " ") and ": " in rest:
+            rest = rest.partition(": ")[2]
+        flag = flag.split("/")[-1]  # "-h/--help" -> "--help"
+        text = f"{flag}: {rest}"
+    return f"{text}; see `{prog} --help`"
 
 
 def parse_seq_lens(text: str) -> list[int]:
@@ -49,9 +117,11 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not an integer; expected a positive integer"
+        ) from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+        raise argparse.ArgumentTypeError(f"{value} is not positive; expected a positive integer")
     return value
 
 
@@ -59,9 +129,13 @@ def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number; expected seconds, e.g. 10 or 2.5"
+        ) from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is out of range; expected seconds in (0, {MAX_TIMEOUT_SECONDS:g}]"
+        )
     return value
 
 
@@ -74,9 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     """
     from keras_mha.commands import compare, options
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=PROGRAM,
         description="Attention layers for Keras 3, and model-card tools for Hub configs.",
+    )
+    parser.add_argument(
+        DEBUG_FLAG,
+        action="store_true",
+        help="print the traceback of an unexpected error (accepted anywhere on the line)",
     )
     parser.add_argument("--version", action="version", version=f"{PROGRAM} {_version()}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -91,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     inspect.add_argument(
-        "model", metavar="MODEL", help="org/name, a local path, or bundled:org/name"
+        "model",
+        metavar="MODEL",
+        help="org/name, a Hub URL (https://huggingface.co/org/name[/tree/REV]), a local "
+        "path, or bundled:org/name",
     )
     inspect.add_argument("--revision", help="Hub branch, tag or commit (default: main)")
     inspect.add_argument(
@@ -124,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=_positive_float,
         default=10.0,
-        help="seconds to wait for the Hub (default 10; HF_HUB_ETAG_TIMEOUT wins)",
+        help="seconds the whole exchange with the Hub may take (default 10; "
+        "HF_HUB_ETAG_TIMEOUT wins)",
     )
 
     options.add_memory_arguments(inspect)
@@ -140,72 +223,206 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status.
+    """Run the command line; returns the exit status. Never raises, never prints a traceback
+    (unless `--debug` is on the line): every error is one line on stderr.
 
     Example:
         >>> main(["cards"])  # doctest: +SKIP
         0
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [str(argument) for argument in (sys.argv[1:] if argv is None else argv)]
+    argv, debug = _take_debug_flag(argv)
+    secrets = _secrets(argv)
+    try:
+        exit_code = _dispatch(argv)
+        _flush_stdout()
+        return exit_code
+    except SystemExit as exit_request:  # --help, --version, or a command's sys.exit
+        _flush_stdout_quietly()
+        return _exit_status(exit_request.code)
+    except KeyboardInterrupt:
+        _debug_traceback(debug, secrets)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `keras-mha inspect ... | head -1`: the reader left; say nothing, as `yes` would.
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KerasMHAError as error:
+        _debug_traceback(debug, secrets)
+        return _fail(str(error), error.exit_code, secrets)
+    except ModuleNotFoundError as error:
+        _debug_traceback(debug, secrets)
+        if error.name and not error.name.startswith("keras_mha"):
+            return _fail(
+                f"a package this command needs is not installed: {error.name} ({error}); "
+                "install it, e.g. pip install 'keras-mha[jax]' (or [torch], [tensorflow])",
+                MissingDependencyError.exit_code,
+                secrets,
+            )
+        return _internal_error(error, secrets)
+    except OSError as error:
+        _debug_traceback(debug, secrets)
+        if error.errno in _PATH_ERRNOS:
+            return _fail(_describe_os_error(error), PathError.exit_code, secrets)
+        return _internal_error(error, secrets)
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one line, exit 70
+        _debug_traceback(debug, secrets)
+        return _internal_error(error, secrets)
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "bench":
         # Everything after `bench` belongs to the benchmark's own parser.
         return _run_bench(argv[1:])
     parser = build_parser()
     arguments = parser.parse_args(argv)
-    try:
-        if arguments.command == "inspect":
-            return _inspect(arguments)
-        if arguments.command == "cards":
-            return _list_cards()
-        if arguments.command == "compare":
-            from keras_mha.commands import compare
+    if arguments.command == "inspect":
+        return _inspect(arguments)
+    if arguments.command == "cards":
+        return _list_cards()
+    # Subcommands from keras_mha/commands/<name>.py set `run` (or `func`) as a default.
+    run = getattr(arguments, "run", None) or getattr(arguments, "func", None)
+    if callable(run):
+        return int(run(arguments) or 0)
+    parser.print_help()
+    return 0
 
-            return compare.run(arguments)
-        parser.print_help()
+
+def _take_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """Remove `--debug` wherever it is before a `--`, so it works on every subcommand."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [argument for argument in argv[:end] if argument != DEBUG_FLAG] + argv[end:]
+    return kept, len(kept) != len(argv)
+
+
+def _secrets(argv: list[str]) -> tuple[str, ...]:
+    """Values never to print: `--token X` / `--token=X` and the Hub tokens in the environment."""
+    found = [os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")]
+    for index, argument in enumerate(argv):
+        if argument == "--token" and index + 1 < len(argv):
+            found.append(argv[index + 1])
+        elif argument.startswith("--token="):
+            found.append(argument[len("--token=") :])
+    return tuple(value.strip() for value in found if value and value.strip())
+
+
+def _exit_status(code) -> int:
+    if code is None:
         return 0
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    if isinstance(code, int):
+        return code
+    _fail(str(code), 1)
+    return 1
+
+
+def _describe_os_error(error: OSError) -> str:
+    reason = error.strerror or type(error).__name__
+    if error.filename is not None:
+        return f"{error.filename}: {reason}"
+    return f"cannot read or write as asked: {reason}"
+
+
+def _internal_error(error: BaseException, secrets) -> int:
+    from keras_mha.safe_text import one_line
+
+    detail = one_line(str(error), secrets)[:300]
+    return _fail(
+        f"internal error: {type(error).__name__}: {detail}; rerun with {DEBUG_FLAG} for the "
+        "traceback",
+        INTERNAL_ERROR_EXIT_CODE,
+        secrets,
+    )
+
+
+def _debug_traceback(debug: bool, secrets) -> None:
+    if not debug:
+        return
+    import traceback
+
+    from keras_mha.safe_text import redact_secrets
+
+    text = "".join(traceback.format_exception(*sys.exc_info()))
+    try:
+        sys.stderr.write(redact_secrets(text, secrets))
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def write_stdout(text: str) -> None:
+    """Write `text` (plus a final newline) to stdout and flush, so a full disk or a closed
+    stdout is a `PathError` (exit 14) here rather than a message at interpreter exit;
+    a reader that left raises BrokenPipeError, which `main` ends quietly.
+
+    Example:
+        >>> write_stdout("hello")
+        hello
+    """
+    stream = sys.stdout
+    if stream is None:
+        raise PathError("cannot write the output: stdout is closed", path="<stdout>")
+    try:
+        stream.write(text if text.endswith("\n") else text + "\n")
+        stream.flush()
     except BrokenPipeError:
-        # `keras-mha inspect ... | head`: the reader left; nothing more to say.
+        raise
+    except (OSError, ValueError) as error:
         _silence_stdout()
-        return 0
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise PathError(f"cannot write the output to stdout: {reason}", path="<stdout>") from None
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as error:
+            _silence_stdout()
+            reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+            raise PathError(
+                f"cannot write the output to stdout: {reason}", path="<stdout>"
+            ) from None
+
+
+def _flush_stdout_quietly() -> None:
+    try:
+        _flush_stdout()
+    except (OSError, PathError):
+        pass
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
-    from keras_mha.cards.errors import CardError, ConfigError
+    from keras_mha.cards.hub import load_config
     from keras_mha.commands.options import memory_request
-    from keras_mha.errors import UsageError
+    from keras_mha.errors import ConfigError
 
-    try:
-        arguments.memory_request = memory_request(arguments)
-    except UsageError as error:
-        return _fail(str(error), error.exit_code)
+    # Resolved before any loading, so a bad --gpu fails at once (UsageError, exit 2).
+    arguments.memory_request = memory_request(arguments)
 
     _configure_huggingface_hub(arguments.timeout)
-    try:
-        from keras_mha.cards.hub import load_config
-
-        loaded = load_config(
-            arguments.model,
-            revision=arguments.revision,
-            token=arguments.token,
-            endpoint=arguments.endpoint,
-            offline=True if arguments.offline else None,
-            timeout=arguments.timeout,
-        )
-    except CardError as error:
-        # Loading errors name the model id, revision or path themselves.
-        return _fail(str(error), error.exit_code)
+    # Loading errors name the model id, revision or path themselves; `main` prints them.
+    loaded = load_config(
+        arguments.model,
+        revision=arguments.revision,
+        token=arguments.token,
+        endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None,
+        timeout=arguments.timeout,
+    )
     try:
         rendered = _render(loaded, arguments)
-    except CardError as error:
-        return _fail(f"{arguments.model}: {error}", error.exit_code)
-    except (ValueError, KeyError, TypeError) as error:
+    except KerasMHAError as error:
+        error.message = f"{arguments.model}: {error.message}"
+        raise
+    except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as error:
         # Raised while normalising a config that is valid JSON but not a model we can read.
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        return _fail(f"{arguments.model}: {message}", ConfigError.exit_code)
-    sys.stdout.write(rendered if rendered.endswith("\n") else rendered + "\n")
-    sys.stdout.flush()
+        raise ConfigError(
+            f"{arguments.model}: cannot describe this config: {message}", model_id=loaded.model_id
+        ) from error
+    write_stdout(rendered)
     return 0
 
 
@@ -229,7 +446,8 @@ def _render(loaded, arguments: argparse.Namespace) -> str:
     if arguments.format == "json":
         import json
 
-        return json.dumps(report, indent=2)
+        # allow_nan=False: the output is JSON (RFC 8259), which has no NaN or Infinity.
+        return json.dumps(report, indent=2, allow_nan=False)
     if arguments.format == "markdown":
         return reports.render_markdown(report)
     return reports.render_table(report)
@@ -302,18 +520,26 @@ def _run_bench(argv: list[str]) -> int:
         return EXIT_INTERRUPTED
 
 
-def _fail(message: str, exit_code: int) -> int:
-    # One line, whatever the message holds: scripts read the first line of stderr.
-    one_line = " ".join(str(message).split())
-    sys.stderr.write(f"{PROGRAM}: error: {one_line}\n")
-    sys.stderr.flush()
+def _fail(message: str, exit_code: int, secrets=()) -> int:
+    """Print `keras-mha: error: <message>` as one line: secrets redacted, control
+    characters shown as escapes (scripts read the first line of stderr)."""
+    from keras_mha.safe_text import one_line
+
+    try:
+        sys.stderr.write(f"{PROGRAM}: error: {one_line(message, secrets)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr itself is gone: the exit code still tells
     return exit_code
 
 
 def _silence_stdout() -> None:
-    # Python would complain about the closed pipe again while flushing at exit.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    # Python would complain about the closed pipe or full disk again while flushing at exit.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

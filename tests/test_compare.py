@@ -72,7 +72,7 @@ def test_table_and_markdown_side_by_side(capsys):
 
     exit_code, out, _ = run_cli(capsys, "compare", LLAMA_2, LLAMA_3, "--format", "markdown")
     assert exit_code == 0
-    assert "| | `meta-llama/Llama-2-7b-hf` | `meta-llama/Meta-Llama-3-8B` |" in out
+    assert "| | meta-llama/Llama-2-7b-hf | meta-llama/Meta-Llama-3-8B |" in out
     assert "| attention | MHA | GQA |" in out and "max context" not in out
 
 

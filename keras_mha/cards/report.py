@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from keras_mha.cards import bundled, memory_report
 from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
+from keras_mha.safe_text import visible
 
 # Default context for the KV-cache figures: the model's own context length, capped here so
 # that reports of long-context models stay comparable with the rest.
@@ -304,6 +305,47 @@ def _source_line(report: dict) -> str:
     return ", ".join(words)
 
 
+# -- escaping: strings in a report can come from a stranger's config.json -----------------------
+
+# Markdown characters that could open raw HTML, an entity, a link, a code span, emphasis or a
+# table cell; `_` is left alone (intraword underscores, as in `num_key_value_heads`, are text).
+_MARKDOWN_SPECIAL = str.maketrans({character: f"\\{character}" for character in "\\`*[]<>|&~"})
+
+
+def terminal_text(value) -> str:
+    r"""`value` as text a terminal shows literally: control characters, ANSI escapes, bidi
+    overrides and newlines become visible escapes (`\x1b`, `\u202e`, `\x0a`).
+
+    Example:
+        >>> print(terminal_text("llama\x1b[31m\u202e"))
+        llama\x1b[31m\u202e
+    """
+    return visible(str(value))
+
+
+def markdown_text(value) -> str:
+    r"""`value` as markdown that renders as the same text: no raw HTML, links, code spans or
+    table breaks (backslash, backtick, `*`, `[`, `]`, `<`, `>`, `|`, `&` and `~` are
+    backslash-escaped), no newlines, and control characters shown as escapes.
+
+    Example:
+        >>> print(markdown_text("<b>x</b> | `y`"))
+        \<b\>x\</b\> \| \`y\`
+    """
+    return visible(" ".join(str(value).split())).translate(_MARKDOWN_SPECIAL)
+
+
+def _escaped(value, escape):
+    """A copy of a report with `escape` applied to every string value (keys are ours)."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {key: _escaped(item, escape) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_escaped(item, escape) for item in value]
+    return value
+
+
 # -- renderers ---------------------------------------------------------------------------------
 
 
@@ -319,6 +361,7 @@ def render_table(report: dict) -> str:
         >>> "8,030,261,248" in text
         True
     """
+    report = _escaped(report, terminal_text)
     attention = report["attention"]
     parameters = report["parameters"]
     rows: list[tuple[str, str]] = [
@@ -444,6 +487,7 @@ def render_markdown(report: dict) -> str:
         >>> render_markdown(build_report(loaded, spec, seq_lens=[8192])).splitlines()[0]
         '# meta-llama/Meta-Llama-3-8B'
     """
+    report = _escaped(report, markdown_text)
     attention = report["attention"]
     parameters = report["parameters"]
     kv = report["kv_cache"]
@@ -557,6 +601,8 @@ __all__ = [
     "default_seq_len",
     "format_bytes",
     "format_count",
+    "markdown_text",
     "render_markdown",
     "render_table",
+    "terminal_text",
 ]

@@ -98,11 +98,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=10.0,
         help="seconds to wait for the Hub per model (default 10)",
     )
+    parser.set_defaults(run=run)
     return parser
 
 
 def run(arguments: argparse.Namespace) -> int:
-    """Run `compare`; returns the exit status (errors: one line on stderr).
+    """Run `compare`; returns the exit status. Errors are raised (`KerasMHAError`), and the
+    CLI's `main` prints them as one line with their exit code.
 
     Example:
         >>> from keras_mha.cli import build_parser
@@ -111,21 +113,15 @@ def run(arguments: argparse.Namespace) -> int:
         >>> run(arguments)  # doctest: +SKIP
         0
     """
-    from keras_mha.cli import _fail
-    from keras_mha.errors import KerasMHAError
+    from keras_mha.cli import write_stdout
 
-    try:
-        comparison = build_comparison(arguments)
-        if arguments.plot:
-            plot_comparison(comparison, arguments.plot, total=arguments.plot_total,
-                            max_seq_len=arguments.plot_max_seq_len)  # fmt: skip
-    except KerasMHAError as error:
-        return _fail(str(error), error.exit_code)
-    rendered = render(comparison, arguments.format)
-    sys.stdout.write(rendered if rendered.endswith("\n") else rendered + "\n")
+    comparison = build_comparison(arguments)
     if arguments.plot:
-        sys.stderr.write(f"saved {arguments.plot}\n")
-    sys.stdout.flush()
+        plot_comparison(comparison, arguments.plot, total=arguments.plot_total,
+                        max_seq_len=arguments.plot_max_seq_len)  # fmt: skip
+    write_stdout(render(comparison, arguments.format))
+    if arguments.plot:
+        sys.stderr.write(f"saved {_terminal(arguments.plot)}\n")
     return 0
 
 
@@ -171,9 +167,9 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
     import warnings
 
     from keras_mha.cards import report as reports
-    from keras_mha.cards.errors import CardError, ConfigError
     from keras_mha.cards.hub import load_config
     from keras_mha.cards.spec import from_config
+    from keras_mha.errors import ConfigError, KerasMHAError
 
     _check_arguments(arguments)
     request = options.memory_request(arguments)
@@ -198,10 +194,14 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
                 kv_dtype=arguments.kv_dtype,
                 memory_request=request,
             )
-        except CardError as error:
-            raise type(error)(f"{model}: {error}") from None
-        except (ValueError, KeyError, TypeError) as error:
-            raise ConfigError(f"{model}: {error}", model_id=model) from None
+        except KerasMHAError as error:
+            error.message = f"{model}: {error.message}"
+            raise
+        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as error:
+            message = error.args[0] if isinstance(error, KeyError) and error.args else error
+            raise ConfigError(
+                f"{model}: cannot describe this config: {message}", model_id=loaded.model_id
+            ) from error
         models.append(report)
         specs.append(spec)
     return {
@@ -317,11 +317,12 @@ def render(comparison: dict, output_format: str) -> str:
 
         public = {key: value for key, value in comparison.items() if not key.startswith("_")}
         return json.dumps(public, indent=2)
-    names = [_display_name(report) for report in comparison["models"]]
+    escape = _markdown if output_format == "markdown" else _terminal
+    names = [escape(report["model"]) for report in comparison["models"]]
     rows = _rows(comparison)
     if output_format == "markdown":
         lines = [f"**Compared at** {_title(comparison)}.", ""]
-        lines.append("| | " + " | ".join(f"`{name}`" for name in names) + " |")
+        lines.append("| | " + " | ".join(names) + " |")
         lines.append("|---|" + "---:|" * len(names))
         lines += [f"| {label} | " + " | ".join(values) + " |" for label, values in rows]
         return "\n".join(lines) + "\n"
@@ -338,7 +339,7 @@ def render(comparison: dict, output_format: str) -> str:
         cells = "  ".join(value.rjust(w) for value, w in zip(values, widths, strict=True))
         lines.append(f"{label:<{label_width}}  {cells}")
     warnings = [
-        f"{report['model']}: {warning}"
+        f"{_terminal(report['model'])}: {_terminal(warning)}"
         for report in comparison["models"]
         for warning in report.get("warnings", [])
     ]
@@ -347,9 +348,17 @@ def render(comparison: dict, output_format: str) -> str:
     return "\n".join(lines)
 
 
-def _display_name(report: dict) -> str:
-    # Strip control characters: model ids from the command line reach the terminal.
-    return "".join(ch for ch in str(report["model"]) if ch.isprintable())
+def _terminal(text) -> str:
+    # Model ids and paths come from the command line or a Hub answer: shown, never obeyed.
+    from keras_mha.cards.report import terminal_text
+
+    return terminal_text(text)
+
+
+def _markdown(text) -> str:
+    from keras_mha.cards.report import markdown_text
+
+    return markdown_text(text)
 
 
 # -- plot ---------------------------------------------------------------------------------------
@@ -482,8 +491,7 @@ def plot_comparison(
     what = "serving memory (weights + KV cache + workspace)" if total else "KV cache"
     axes.set_ylabel(f"{what}, GiB (log scale)")
     axes.set_title(
-        f"{what} against context ({comparison['kv_dtype']} KV cache, batch "
-        f"{comparison['batch']})"
+        f"{what} against context ({comparison['kv_dtype']} KV cache, batch {comparison['batch']})"
     )
     axes.grid(True, which="major", alpha=0.3)
     axes.legend(loc="upper left", fontsize=8, title="dashed: beyond the model's context")
