@@ -150,3 +150,23 @@ def test_unknown_gpu_lists_the_known_ones_in_one_line(capsys):
     exit_code, out, err = run_cli(capsys, "inspect", LLAMA_3, "--gpu", "rtx9090")
     assert exit_code == 2 and out == "" and err.count("\n") == 1
     assert "'rtx9090'" in err and all(name in err for name in known_gpu_names())
+
+
+def test_readme_json_contract_example_is_the_commands_output(capsys):
+    """The README's JSON example (the contract) holds the numbers the command prints."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("#### JSON output (`--format json`)", 1)[1]
+    example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    report = inspect_json(capsys, LLAMA_3, "--gpu", "h100")
+
+    def same_keys(expected, actual, path=""):
+        for key, value in expected.items():
+            if isinstance(value, dict):
+                same_keys(value, actual[key], f"{path}{key}.")
+            elif not (isinstance(value, str) and "|" in value):  # "hub | local | bundled"
+                assert actual[key] == value, f"{path}{key}"
+
+    same_keys(example, report)

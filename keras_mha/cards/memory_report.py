@@ -206,11 +206,10 @@ def _summary_rows(report: dict) -> list[tuple[str, str]]:
     entry = report["memory"]
     serving, training = entry["serving"], entry["training"]
     weights = entry["weights_bytes"]
+    sizes = [f"{dtype} {_bytes(size)}" for dtype, size in weights.items()]
     rows = [
-        (
-            "weights",
-            ", ".join(f"{dtype} {_bytes(size)}" for dtype, size in weights.items()),
-        ),
+        ("weights", ", ".join(sizes[:3])),
+        ("", ", ".join(sizes[3:])),
         (
             f"serving ({serving['weights_dtype']} weights, {serving['kv_dtype']} KV)",
             f"{_bytes(serving['total_bytes'])} = weights {_bytes(serving['weights_bytes'])}"
@@ -368,7 +367,7 @@ def memory_markdown_lines(report: dict) -> list[str]:
         f"At batch {serving['batch']} and {serving['seq_len']:,} tokens:",
         "",
     ]
-    lines += [f"- {label.strip()}: {value}" for label, value in _summary_rows(report)[1:]]
+    lines += [f"- {label.strip()}: {value}" for label, value in _summary_rows(report)[2:]]
     lines += [
         "",
         "int8/int4 count one float16 scale per 128 weights, float8 one float32 scale per "

@@ -1,6 +1,6 @@
 """Build the `keras-mha inspect` report (a JSON-ready dict) and render it as text or markdown.
 
-The report's core keys are fixed by DESIGN.md and never change meaning:
+The report's core keys are fixed by the README ("JSON output") and never change meaning:
 
     model, source, model_type,
     attention{kind, num_layers, num_attention_heads, num_key_value_heads, head_dim,

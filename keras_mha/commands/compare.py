@@ -279,7 +279,9 @@ def _length(fits: dict) -> str:
         return "0 (weights do not fit)"
     if fits["max_seq_len"] is None:
         return "unbounded by memory"
-    return f"{fits['max_seq_len']:,}"
+    context = fits.get("context_length")
+    beyond = " (!)" if context and fits["max_seq_len"] > context else ""
+    return f"{fits['max_seq_len']:,}{beyond}"
 
 
 def _batch(value) -> str:
@@ -343,6 +345,9 @@ def render(comparison: dict, output_format: str) -> str:
         for report in comparison["models"]
         for warning in report.get("warnings", [])
     ]
+    if any(fits_row.endswith("(!)") for _, values in rows for fits_row in values):
+        lines += ["", "(!) beyond the model's context length: memory would allow it, the model "
+                  "was not trained for it"]  # fmt: skip
     if warnings:
         lines += ["", "warnings"] + [f"  - {warning}" for warning in warnings]
     return "\n".join(lines)
