@@ -2,8 +2,12 @@
 
     keras-mha inspect MODEL [--revision R] [--seq-len N[,N...]] [--batch B]
                             [--kv-dtype D] [--format table|json|markdown]
+                            [--gpu NAME | --memory SIZE] [--weights-dtype D]
+                            [--optimizer O] [--precision P] [--prefill-chunk T]
                             [--token T] [--offline] [--endpoint URL] [--timeout S]
+    keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
     keras-mha cards                      list the bundled cards
+    keras-mha --version
     keras-mha bench [layers|inspect] ... benchmarks (default: layers)
 
 MODEL is a Hub model id or model page URL, a local directory or config.json, or
