@@ -318,7 +318,7 @@ def render(comparison: dict, output_format: str) -> str:
         import json
 
         public = {key: value for key, value in comparison.items() if not key.startswith("_")}
-        return json.dumps(public, indent=2)
+        return json.dumps(public, indent=2, allow_nan=False)
     escape = _markdown if output_format == "markdown" else _terminal
     names = [escape(report["model"]) for report in comparison["models"]]
     rows = _rows(comparison)
