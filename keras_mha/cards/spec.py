@@ -170,7 +170,7 @@ class AttentionLayerSpec:
 class ModelSpec:
     """A Hub model described with one vocabulary for every family.
 
-    The first fields are the stable public ones (see DESIGN.md); the rest give the
+    The first fields are the stable public ones (the README's JSON contract); the rest give the
     cost model and the layer rebuilder the detail they need.
 
     Attributes:
