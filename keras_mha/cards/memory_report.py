@@ -119,7 +119,7 @@ def fits_entry(
         >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="bfloat16",
         ...                   request=MemoryRequest(memory_bytes=2**30))
         >>> fits["training_fits"], fits["max_batch"]
-        (True, 20)
+        (False, 20)
     """
     plan = memory.plan_fit(
         spec,
