@@ -36,6 +36,7 @@ import sys
 import warnings
 
 from keras_mha.errors import (
+    BROKEN_PIPE_EXIT_CODE,
     INTERNAL_ERROR_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,
     KerasMHAError,
@@ -50,7 +51,7 @@ OUTPUT_FORMATS = ("table", "json", "markdown")
 KV_DTYPES = ("float32", "bfloat16", "float16", "float8", "int8", "int4")
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
-EXIT_BROKEN_PIPE = 141
+EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE
 DEBUG_FLAG = "--debug"
 MAX_TIMEOUT_SECONDS = 86400.0
 # errno values that mean "this path cannot be used as asked" (PathError, exit 14).
@@ -237,13 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = [str(argument) for argument in (sys.argv[1:] if argv is None else argv)]
     argv, debug = _take_debug_flag(argv)
     secrets = _secrets(argv)
+    if sys.stdout is None:  # started with stdout closed (`keras-mha ... >&-`)
+        return _fail("cannot write the output: stdout is closed", PathError.exit_code)
     try:
-        exit_code = _dispatch(argv)
+        try:
+            exit_code = _dispatch(argv)
+        except SystemExit as exit_request:  # --help, --version, or a command's sys.exit
+            exit_code = _exit_status(exit_request.code)
         _flush_stdout()
         return exit_code
-    except SystemExit as exit_request:  # --help, --version, or a command's sys.exit
-        _flush_stdout_quietly()
-        return _exit_status(exit_request.code)
     except KeyboardInterrupt:
         _debug_traceback(debug, secrets)
         return EXIT_INTERRUPTED
@@ -323,6 +326,9 @@ def _describe_os_error(error: OSError) -> str:
     reason = error.strerror or type(error).__name__
     if error.filename is not None:
         return f"{error.filename}: {reason}"
+    if error.errno in (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EFBIG, errno.EDQUOT):
+        _silence_stdout()  # most likely stdout; Python would fail again flushing it at exit
+        return f"cannot write the output: {reason}"
     return f"cannot read or write as asked: {reason}"
 
 
@@ -388,13 +394,6 @@ def _flush_stdout() -> None:
             raise PathError(
                 f"cannot write the output to stdout: {reason}", path="<stdout>"
             ) from None
-
-
-def _flush_stdout_quietly() -> None:
-    try:
-        _flush_stdout()
-    except (OSError, PathError):
-        pass
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
@@ -466,8 +465,10 @@ def _version() -> str:
 def _configure_huggingface_hub(timeout: float) -> None:
     """Defaults for huggingface_hub, which reads them from the environment once, at import.
 
-    The download timeout follows `--timeout` and progress bars stay off (a config.json is
-    small and stderr is for errors); a value the user set in the environment wins.
+    keras-mha fetches config.json itself under `--timeout` (`cards.hub_fetch`); for any
+    other huggingface_hub download in the same process the download timeout follows
+    `--timeout` and progress bars stay off (stderr is for errors). A value the user set in
+    the environment wins.
     """
     if "huggingface_hub" in sys.modules:
         return
@@ -478,9 +479,10 @@ def _configure_huggingface_hub(timeout: float) -> None:
 def _list_cards() -> int:
     from keras_mha.cards.bundled import bundled_source, list_bundled
 
-    for repo_id in list_bundled():
-        revision = bundled_source(repo_id).get("revision") or ""
-        sys.stdout.write(f"{repo_id}\t{revision}\n")
+    lines = [
+        f"{repo_id}\t{bundled_source(repo_id).get('revision') or ''}" for repo_id in list_bundled()
+    ]
+    write_stdout("\n".join(lines))
     return 0
 
 

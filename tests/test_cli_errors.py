@@ -95,6 +95,12 @@ def test_no_permission(capsys, tmp_path, monkeypatch):
     assert_one_error_line(err, "permission denied")
 
 
+def test_a_home_directory_of_no_user(capsys):
+    code, _, err = run_cli(capsys, "inspect", "~no-such-user-here/config.json")
+    assert code == 6
+    assert_one_error_line(err, "~no-such-user-here/config.json", "no such file")
+
+
 def test_a_huge_local_file_is_not_read(capsys, tmp_path):
     path = tmp_path / "config.json"
     with open(path, "wb") as handle:

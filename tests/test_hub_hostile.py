@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from keras_mha import cli, errors
 from keras_mha.cards.hub import load_config
-from tests.hub_server import FakeHub, Hostile, HubRepo, commit_hash, hub_environment
+from tests.hub_server import KEEP, FakeHub, Hostile, HubRepo, commit_hash, hub_environment
 
 pytestmark = pytest.mark.backend_independent
 
@@ -163,6 +165,25 @@ def test_revision_traversal_from_the_cli_writes_nothing_outside_the_cache(
         assert tree(world) == before
     err = capsys.readouterr().err
     assert code == 11 and err.count("\n") == 1 and "'../../x'" in err
+
+
+def test_a_traversal_revision_the_server_serves_is_still_refused(world, monkeypatch):
+    # This server answers for the revision "../../../x" (as a broken mirror that ignores the
+    # revision would). huggingface_hub's own hf_hub_download then writes refs/../../../x,
+    # outside the cache; keras-mha refuses the revision before any request.
+    traversal = "../../../x"
+    repos = {"org/tiny": {"main": {"config.json": TINY_BYTES}, traversal: {"config.json": b"{}"}}}
+    with hub_environment(world, monkeypatch, repos) as hub:
+        before = tree(world)
+        with pytest.raises(errors.InvalidRevisionError):
+            load_config("org/tiny", revision=traversal)
+        assert hub.requests == [] and tree(world) == before
+
+        import huggingface_hub
+
+        huggingface_hub.hf_hub_download("org/tiny", "config.json", revision=traversal)
+        escaped = {path for path in set(tree(world)) - set(before) if "hf_home/hub/" not in path}
+    assert escaped == {"hf_home/x"}, "the control: upstream writes outside the cache here"
 
 
 def test_valid_refs_are_accepted_and_cached_in_the_hub_layout(world, monkeypatch):
@@ -354,3 +375,47 @@ def test_redirect_loop_in_a_real_process(world, monkeypatch):
         completed = run_process(world, ["inspect", "org/tiny", "--timeout", "5"])
     assert completed.returncode == 13 and completed.stderr.count("\n") == 1
     assert "loop" in completed.stderr
+
+
+# -- any answer at all ----------------------------------------------------------------------------
+
+HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=80)
+HEX_40 = st.text(alphabet="0123456789abcdef", min_size=40, max_size=40)
+HEX_64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
+ANSWERS = st.builds(
+    Hostile,
+    etag=st.none() | HEADER_TEXT | HEX_40.map(lambda x: f'"{x}"') | HEX_64 | st.just(KEEP),
+    commit=st.none() | HEADER_TEXT | HEX_40 | st.just(KEEP),
+    content_type=st.sampled_from(["application/json", "text/html", "text/plain", KEEP]),
+    content_length=st.just(KEEP) | st.integers(min_value=0, max_value=10**9) | HEADER_TEXT,
+    body=st.just(KEEP)
+    | st.binary(max_size=200)
+    | st.sampled_from([b"{}", b"[]", b"null", b'{"model_type": "llama"}', b"<html>"]),
+)
+
+
+@settings(
+    max_examples=int(os.environ.get("KERAS_MHA_FUZZ_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(answer=ANSWERS)
+def test_any_answer_is_a_config_or_one_line_and_never_a_write_outside_the_cache(
+    tmp_path_factory, answer
+):
+    root = tmp_path_factory.mktemp("any-answer")
+    cache = root / "cache"
+    hub = FakeHub(REPOS, hostile=answer).start()
+    try:
+        before = tree(root)
+        try:
+            loaded = load_config("org/tiny", endpoint=hub.url, cache_dir=cache, timeout=5)
+        except errors.KerasMHAError as error:
+            assert "\n" not in str(error) and error.exit_code in (7, 8, 13), repr(error)
+            assert tree(root) == before
+        else:
+            assert isinstance(loaded.config, dict) and loaded.source == "hub"
+            added = set(tree(root)) - set(before)
+            assert added and all(path.startswith("cache/models--org--tiny/") for path in added)
+    finally:
+        hub.stop()

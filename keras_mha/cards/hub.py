@@ -171,6 +171,11 @@ def load_config(
         timeout=_deadline_seconds(timeout),
         cache_dir=cache_dir,
     )
+    local_path = _expand_user(source)
+    # A folder that happens to be named like a URL without a scheme (`hf.co/org/name`, as
+    # some mirroring tools lay them out) is read as the local folder it is.
+    if "://" not in source and _local_path_exists(source, local_path):
+        return _load_local(source, local_path, revision)
     if looks_like_hub_url(source):
         repo_id, url_revision = parse_hub_url(source, endpoint=endpoint or _configured_endpoint())
         if url_revision is not None and revision is not None and url_revision != revision:
@@ -181,16 +186,21 @@ def load_config(
             )
         return _load_from_hub(repo_id, revision=url_revision or revision, **hub_options)
 
-    local_path = Path(source).expanduser()
-    if _local_path_exists(source, local_path):
-        return _load_local(source, local_path, revision)
     if _looks_like_path(source):
         raise ConfigFileNotFoundError(
-            f"{source}: no such file or directory; pass a Hub model id (org/name), "
+            f"{_shorten(source)}: no such file or directory; pass a Hub model id (org/name), "
             "an existing directory holding config.json or a config.json path, or bundled:org/name",
             path=source,
         )
     return _load_from_hub(source, revision=revision, **hub_options)
+
+
+def _expand_user(source: str) -> Path:
+    """`~/x` and `~user/x` expanded; a `~name` naming no user stays as typed."""
+    try:
+        return Path(source).expanduser()
+    except RuntimeError:  # "Could not determine home directory" for an unknown ~name
+        return Path(source)
 
 
 def _local_path_exists(source: str, local_path: Path) -> bool:
