@@ -2,8 +2,12 @@
 
     keras-mha inspect MODEL [--revision R] [--seq-len N[,N...]] [--batch B]
                             [--kv-dtype D] [--format table|json|markdown]
+                            [--gpu NAME | --memory SIZE] [--weights-dtype D]
+                            [--optimizer O] [--precision P] [--prefill-chunk T]
                             [--token T] [--offline] [--endpoint URL] [--timeout S]
+    keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
     keras-mha cards                      list the bundled cards
+    keras-mha --version
     keras-mha bench [layers|inspect] ... benchmarks (default: layers)
 
 MODEL is a Hub model id or model page URL, a local directory or config.json, or
@@ -103,28 +107,15 @@ def _usage_line(prog: str, message: str) -> str:
 
 
 def parse_seq_lens(text: str) -> list[int]:
-    """`--seq-len` values: comma-separated positive integers, `k` meaning 1024 (`8k` = 8192).
+    """`--seq-len` values: comma-separated lengths, `k` = 1024 and `m` = 1024**2 (any case).
 
     Example:
-        >>> parse_seq_lens("4096,8k,128K")
-        [4096, 8192, 131072]
+        >>> parse_seq_lens("4096,8k,128K,1m")
+        [4096, 8192, 131072, 1048576]
     """
-    lengths = []
-    for part in text.split(","):
-        item = part.strip().lower()
-        multiplier = 1
-        if item.endswith("k"):
-            item, multiplier = item[:-1], 1024
-        try:
-            length = int(item) * multiplier
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--seq-len {text!r}: {part.strip()!r} is not an integer (use e.g. 4096,8k)"
-            ) from None
-        if length <= 0:
-            raise argparse.ArgumentTypeError(f"--seq-len {text!r}: lengths must be positive")
-        lengths.append(length)
-    return lengths
+    from keras_mha.commands.options import seq_lens_type
+
+    return seq_lens_type(text)
 
 
 def _positive_int(text: str) -> int:
@@ -160,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "gpt2", "--seq-len", "1k"]).seq_len
         [1024]
     """
+    from keras_mha.commands import compare, options
+
     parser = ArgumentParser(
         prog=PROGRAM,
         description="Attention layers for Keras 3, and model-card tools for Hub configs.",
@@ -169,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the traceback of an unexpected error (accepted anywhere on the line)",
     )
+    parser.add_argument("--version", action="version", version=f"{PROGRAM} {_version()}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     inspect = subcommands.add_parser(
@@ -198,8 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--kv-dtype",
         default="bfloat16",
-        choices=KV_DTYPES,
-        help="KV-cache element type (default bfloat16)",
+        type=options.dtype_type("--kv-dtype"),
+        metavar="DTYPE",
+        help=f"KV-cache element type: {', '.join(KV_DTYPES)} (aliases bf16, fp16, fp8, fp32, "
+        "...; default bfloat16)",
     )
     inspect.add_argument(
         "--format", default="table", choices=OUTPUT_FORMATS, help="output format (default table)"
@@ -219,7 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
         "HF_HUB_ETAG_TIMEOUT wins)",
     )
 
+    options.add_memory_arguments(inspect)
+
     subcommands.add_parser("cards", help="list the bundled model cards")
+    compare.add_parser(subcommands)
     subcommands.add_parser(
         "bench",
         help="benchmarks: `bench layers [...]` (default) or `bench inspect [...]`",
@@ -399,7 +398,11 @@ def _flush_stdout() -> None:
 
 def _inspect(arguments: argparse.Namespace) -> int:
     from keras_mha.cards.hub import load_config
+    from keras_mha.commands.options import memory_request
     from keras_mha.errors import ConfigError
+
+    # Resolved before any loading, so a bad --gpu fails at once (UsageError, exit 2).
+    arguments.memory_request = memory_request(arguments)
 
     _configure_huggingface_hub(arguments.timeout)
     # Loading errors name the model id, revision or path themselves; `main` prints them.
@@ -436,7 +439,12 @@ def _render(loaded, arguments: argparse.Namespace) -> str:
         spec = from_config(loaded.config, model_id=loaded.model_id)
     seq_lens = arguments.seq_len or [reports.default_seq_len(spec)]
     report = reports.build_report(
-        loaded, spec, seq_lens=seq_lens, batch=arguments.batch, kv_dtype=arguments.kv_dtype
+        loaded,
+        spec,
+        seq_lens=seq_lens,
+        batch=arguments.batch,
+        kv_dtype=arguments.kv_dtype,
+        memory_request=arguments.memory_request,
     )
     if arguments.format == "json":
         import json
@@ -446,6 +454,12 @@ def _render(loaded, arguments: argparse.Namespace) -> str:
     if arguments.format == "markdown":
         return reports.render_markdown(report)
     return reports.render_table(report)
+
+
+def _version() -> str:
+    from keras_mha import __version__
+
+    return __version__
 
 
 def _configure_huggingface_hub(timeout: float) -> None:

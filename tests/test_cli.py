@@ -1,4 +1,4 @@
-"""`keras-mha inspect`, `cards` and `bench`: formats, DESIGN.md JSON keys, exit codes, imports."""
+"""`keras-mha inspect`, `cards` and `bench`: formats, README JSON keys, exit codes, imports."""
 
 import json
 import subprocess
@@ -15,8 +15,9 @@ pytestmark = pytest.mark.backend_independent
 LLAMA_3 = "meta-llama/Meta-Llama-3-8B"
 LLAMA_3_CONFIG = bundled_config_path(LLAMA_3).read_bytes() if bundled_config_path(LLAMA_3) else b""
 
-# The numbers DESIGN.md promises for Meta-Llama-3-8B (transformers counts 8,030,261,248
-# parameters; 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 131,072 bytes a token).
+# The numbers the README's JSON contract promises for Meta-Llama-3-8B (transformers counts
+# 8,030,261,248 parameters; 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 131,072
+# bytes a token).
 LLAMA_3_PARAMETERS = 8030261248
 LLAMA_3_ATTENTION_PARAMETERS = 1342177280
 LLAMA_3_BYTES_PER_TOKEN = 131072

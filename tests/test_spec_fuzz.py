@@ -202,6 +202,16 @@ def report_or_config_error(config: dict) -> None:
 @example(config={**CARDS["google/gemma-3-1b-pt"], "num_hidden_layers": 10**7})
 @example(config={**CARDS["databricks/dbrx-base"], "attn_config": "x"})
 @example(config={**CARDS["google/gemma-3-4b-it"], "text_config": []})
+# Found by a longer run: an unknown family (model_type [] or deleted) without a
+# feed-forward size was read as None and failed in the cost model.
+@example(config={**CARDS["tiiuae/falcon-40b"], "model_type": []})
+@example(
+    config={
+        key: value
+        for key, value in CARDS["meta-llama/Llama-3.2-1B"].items()
+        if key not in ("model_type", "intermediate_size")
+    }
+)
 def test_mutated_cards_give_a_report_or_a_config_error(config):
     report_or_config_error(config)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,15 @@ REFUSALS = [
     ("dbrx-ffn-list", "databricks/dbrx-base", "ffn_config", [1], "ffn_config", "JSON object"),
     # -- the document itself -----------------------------------------------------------------------
     ("model-type-number", MISTRAL, "model_type", 3, "model_type", "must be a string"),
+    ("model-type-empty-list", MISTRAL, "model_type", [], "model_type", "must be a string"),
+    (
+        "generic-without-ffn",
+        edited(MISTRAL, "model_type", "brand_new_lm"),
+        "intermediate_size",
+        DELETE,
+        "intermediate_size",
+        "looked for intermediate_size, n_inner",
+    ),
     (
         "architectures-string",
         MISTRAL,
@@ -349,7 +359,8 @@ REFUSALS = [row for row in REFUSALS if row[4] is not None]
 )
 def test_refusal_names_the_key_the_value_and_the_expectation(base, path, value, key, phrase):
     config = edited(base, path, value)
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigError) as raised, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown model_type is read with a UserWarning
         from_config(config)
     error = raised.value
     message = str(error)

@@ -304,7 +304,7 @@ class ConfigReader:
         key, value = self.lookup(keys, shape=shape, nullable=nullable)
         if key is None:
             if default is ConfigError:
-                raise self._missing(keys, f"{quantity} value ({name or keys[0]})")
+                raise self._missing(keys, name or keys[0])
             return default
         return self.check_integer(key, value, quantity, name=name, low=low, high=high)
 

@@ -200,7 +200,9 @@ def read_family(reader: ConfigReader, family: Family) -> dict:
         fields["intermediate_size"] = reader.integer(
             keys["intermediate_size"],
             "width",
-            default=family.ffn_factor and family.ffn_factor * fields["hidden_size"],
+            default=ConfigError  # required, unless the family derives it from the width
+            if family.ffn_factor is None
+            else family.ffn_factor * fields["hidden_size"],
             shape=family.ffn_factor is None,
         )
     fields["max_position_embeddings"] = reader.integer(

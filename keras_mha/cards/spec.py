@@ -170,7 +170,7 @@ class AttentionLayerSpec:
 class ModelSpec:
     """A Hub model described with one vocabulary for every family.
 
-    The first fields are the stable public ones (see DESIGN.md); the rest give the
+    The first fields are the stable public ones (the README's JSON contract); the rest give the
     cost model and the layer rebuilder the detail they need.
 
     Attributes:
@@ -399,10 +399,11 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
         >>> spec.attention_kind, spec.num_key_value_heads, spec.head_dim
         ('MQA', 1, 64)
     """
-    # A checked deep copy: the spec is frozen, so later edits of the caller's dict must not
-    # reach it, and a hostile nesting depth must not reach `copy.deepcopy`.
+    # A checked copy: the spec is frozen, so later edits of the caller's dict must not reach
+    # it; the copy is iterative, so a hostile nesting depth is an error, not a RecursionError.
     raw = copy_json_config(config)
-    model_type = raw.get("model_type") or ""
+    model_type = raw.get("model_type")
+    model_type = "" if model_type is None else model_type
     if not isinstance(model_type, str):
         raise ConfigError(
             f"model_type={shown(model_type)} must be a string (config.json)",
@@ -450,7 +451,7 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
     )
     fields = read_family(reader, FAMILIES[family])
     fields.update(_head_fields(architecture, family, spec_warnings))
-    vision = _read_vision(top, model_type, fields["hidden_size"], spec_warnings)
+    vision = _read_vision(top, model_type, spec_warnings)
     if where:
         fields["tie_word_embeddings"] = _wrapper_tie(top, wrapper, fields["tie_word_embeddings"])
 
@@ -538,9 +539,7 @@ def _wrapper_tie(top: ConfigReader, wrapper: tuple | None, text_tie: bool) -> bo
     return wrapper[2] if wrapper is not None else text_tie
 
 
-def _read_vision(
-    top: ConfigReader, model_type: str, text_hidden: int, spec_warnings: list[str]
-) -> VisionSpec | None:
+def _read_vision(top: ConfigReader, model_type: str, spec_warnings: list[str]) -> VisionSpec | None:
     """The vision tower of a known multimodal wrapper (LLaVA, PaliGemma, Gemma 3)."""
     wrapper = MULTIMODAL_WRAPPERS.get(model_type)
     vision_config = top.config.get("vision_config")
