@@ -106,6 +106,12 @@ FLAG_VALUES = {
     "--token": st.sampled_from(["hf_abcdefghijklmnop", "hf x", ""]) | WEIRD_TEXT,
     "--timeout": NUMBERS | WEIRD_TEXT,
     "--endpoint": st.sampled_from(["http://127.0.0.1:9", "ftp://x", "not a url"]) | WEIRD_TEXT,
+    "--gpu": st.sampled_from(["H100", "h100-80gb", "rtx4090", "TPU"]) | WEIRD_TEXT,
+    "--memory": st.sampled_from(["24GiB", "80GB", "1KiB", "0", "-1GiB", "1e400GiB"]) | WEIRD_TEXT,
+    "--weights-dtype": st.sampled_from(["bf16", "int4", "fp64"]) | WEIRD_TEXT,
+    "--optimizer": st.sampled_from(["adamw", "sgd", "lion"]) | WEIRD_TEXT,
+    "--precision": st.sampled_from(["mixed", "float32", "fp4"]) | WEIRD_TEXT,
+    "--prefill-chunk": NUMBERS | WEIRD_TEXT,
 }
 FLAGS = st.sampled_from(sorted(FLAG_VALUES)).flatmap(
     lambda flag: FLAG_VALUES[flag].map(lambda value: [flag, value])
@@ -117,11 +123,12 @@ SWITCHES = st.sampled_from(["--offline", "--frobnicate", "-x", "--", "--format=j
 
 @st.composite
 def command_lines(draw):
-    known = st.sampled_from(["inspect", "inspect", "inspect", "cards"])
+    known = st.sampled_from(["inspect", "inspect", "inspect", "compare", "cards"])
     command = draw(known | st.text(max_size=8))
     argv = [command]
-    if command == "inspect" or draw(st.booleans()):
-        argv.append(draw(MODELS | st.text(max_size=40)))
+    models = 2 if command == "compare" else 1
+    if command in ("inspect", "compare") or draw(st.booleans()):
+        argv += [draw(MODELS | st.text(max_size=40)) for _ in range(models)]
     for option in draw(st.lists(FLAGS | SWITCHES, max_size=5)):
         argv += option
     return argv
@@ -131,8 +138,9 @@ def command_lines(draw):
 @given(argv=command_lines())
 def test_any_command_line_gives_a_report_or_one_line(offline, argv):
     argv = [str(offline / "config.json") if item == "LOCAL" else item for item in argv]
-    if argv[0] in ("bench",):  # benchmarks run for seconds by design
+    if argv[0] in ("bench", "prune"):  # these run for seconds (and write files) by design
         argv[0] = "inspect"
+    argv = [item for item in argv if not item.startswith("--plot")]
     code, out, err, elapsed = run_main(argv)
     assert_report_or_one_line(code, out, err, elapsed, argv)
 
@@ -148,8 +156,9 @@ JSON_SCALARS = (
 )
 JSON_VALUES = st.recursive(
     JSON_SCALARS,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=12,
 )
 CONFIG_KEYS = sorted(BASE_CONFIG) + [

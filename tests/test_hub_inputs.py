@@ -161,6 +161,7 @@ def test_the_cache_writer_rechecks_every_name(tmp_path):
         arguments = {"revision": "main", "commit": commit, "etag": etag, **bad}
         with pytest.raises(ValueError):
             store_config(tmp_path, "org/name", data=b"{}", **arguments)
-    with pytest.raises(errors.HubResponseError):
-        checked_etag('"../../x"', described_as="org/name")
+    for hostile in ('"../../x"', '"/etc/passwd"', "/etc/passwd", "e" * 10_000, "", None):
+        with pytest.raises(errors.HubResponseError):
+            checked_etag(hostile, described_as="org/name")
     assert checked_etag('W/"' + "AB" * 32 + '"', described_as="x") == "ab" * 32

@@ -119,7 +119,7 @@ def fits_entry(
         >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="bfloat16",
         ...                   request=MemoryRequest(memory_bytes=2**30))
         >>> fits["training_fits"], fits["max_batch"]
-        (True, 20)
+        (False, 20)
     """
     plan = memory.plan_fit(
         spec,
@@ -382,9 +382,12 @@ def memory_markdown_lines(report: dict) -> list[str]:
             "| KV dtype | serving | max context at batch | max batch at context |",
             "|---|---:|---:|---:|",
         ]
-        lines += [f"| {' | '.join(row)} |" for row in _fits_rows(report)]
+        for row in _fits_rows(report):
+            dtype = row[0].removesuffix(" *")
+            cell = f"**{dtype}** (requested)" if row[0].endswith(" *") else dtype
+            lines.append(f"| {' | '.join((cell, *row[1:]))} |")
         lines += ["", f"Training: {_training_verdict(fits)}."]
-        lines += [f"{note}" for note in _fits_notes(fits)]
+        lines += [line for note in _fits_notes(fits) for line in ("", note)]
     return lines
 
 
