@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from keras_mha.errors import PruningError
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention
+from keras_mha.layers.head_surgery import plan_head_removal
 from keras_mha.pruning import (
     HeadPruning,
+    find_attention_layers,
     get_head_gates,
     head_importance,
     heads_to_prune,
@@ -51,12 +53,24 @@ def mixed_model():
     return keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(x), name="mixed")
 
 
-def _fit(model, callback, epochs, x, y):
+def _drive(model, callback, epochs):
+    """Call the callback's hooks as `fit` does, without training steps: the schedule is
+    what is tested, and compiling a train step costs seconds per backend (the callback
+    inside a real `fit` is tested in test_pruning_callback.py)."""
+    callback.set_model(model)
+    callback.set_params({"epochs": epochs, "steps": 1, "verbose": 0})
+    history = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = model.fit(x, y, epochs=epochs, batch_size=8, callbacks=[callback], verbose=0)
-    messages = [str(w.message) for w in caught if "HeadPruning" in str(w.message)]
-    return history.history, messages
+        callback.on_train_begin()
+        for epoch in range(epochs):
+            callback.on_epoch_begin(epoch)
+            logs = {"loss": 0.0}
+            callback.on_epoch_end(epoch, logs)
+            for key, value in logs.items():
+                history.setdefault(key, []).append(value)
+        callback.on_train_end()
+    return history, [str(w.message) for w in caught if "HeadPruning" in str(w.message)]
 
 
 # ------------------------------------------------------------- reaching the target
@@ -64,28 +78,27 @@ def test_global_target_of_6_on_mha4_plus_gqa8x2_is_reached_like_heads_to_prune()
     """Before: 3 cheap MHA heads at the first step left 3 to go, which only a 4-head GQA
     group could bring; the schedule stopped at 3 without a word."""
     keras.utils.set_random_seed(4)
-    model = compiled(mixed_model())
-    x, y = classification_data(8)
+    model = mixed_model()
     scores = head_importance(model, method="magnitude")
     assert sum(map(len, heads_to_prune(model, scores, 6).values())) == 6
     pruning = HeadPruning(6, method="magnitude", start_epoch=0, end_epoch=1)
-    history, messages = _fit(model, pruning, 2, x, y)
+    history, messages = _drive(model, pruning, 2)
     # Step 1 wants 3, but within a plan for 6 (2 MHA heads + a 4-head group) 2 is closest.
     assert history["pruned_heads"] == [2, 6]
     assert history["pruning_target_heads"] == history["pruning_reachable_heads"] == [6, 6]
     assert messages == [] and pruning.shortfall_reason is None
     pruned = pruning.pruned_heads
     assert len(pruned["mha"]) == 2 and pruned["gqa"] in ([0, 1, 2, 3], [4, 5, 6, 7])
-    prune_heads(model)  # The gates describe a regular model.
+    for path, layer in find_attention_layers(model).items():  # A regular model's gates.
+        plan_head_removal(layer.num_heads, layer.num_key_value_heads, pruned[path])
 
 
 def test_a_target_units_cannot_make_up_is_reported_in_logs_and_a_warning():
     keras.utils.set_random_seed(5)
-    model = compiled(mixed_model())
-    x, y = classification_data(8)
+    model = mixed_model()
     # Two heads per layer; the GQA layer can only lose whole groups of 4.
     pruning = HeadPruning(2, method="magnitude", scope="per_layer", start_epoch=0)
-    history, messages = _fit(model, pruning, 1, x, y)
+    history, messages = _drive(model, pruning, 1)
     assert history["pruned_heads"] == [2]
     assert history["pruning_target_heads"] == [4] and history["pruning_reachable_heads"] == [2]
     assert len(messages) == 1
@@ -95,10 +108,9 @@ def test_a_target_units_cannot_make_up_is_reported_in_logs_and_a_warning():
 
 def test_a_fit_that_ends_before_the_last_step_says_how_far_it_got():
     keras.utils.set_random_seed(6)
-    model = compiled(mixed_model())
-    x, y = classification_data(8)
+    model = mixed_model()
     pruning = HeadPruning(2, method="magnitude", start_epoch=0, end_epoch=3)
-    history, messages = _fit(model, pruning, 2, x, y)
+    history, messages = _drive(model, pruning, 2)
     assert history["pruned_heads"] == [1, 1]
     assert "`end_epoch`=3 is not before `epochs`=2" in messages[0]
     assert (
@@ -176,7 +188,7 @@ def test_nan_importance_raises_in_head_importance_and_in_the_callback():
     with pytest.raises(PruningError, match=r"taylor importance of layer 'mha' is not finite"):
         head_importance(model, (x, y), loss=_nan_loss)
     before = all_variables(model)
-    pruning = HeadPruning(2, data=(x, y), loss=_nan_loss, start_epoch=0)
+    pruning = HeadPruning(2, data=(x, y), method="ablation", loss=_nan_loss, start_epoch=0)
     with pytest.raises(PruningError, match=r"is not finite for heads \[0, 1, 2, 3\]"):
         model.fit(x, y, epochs=1, callbacks=[pruning], verbose=0)
     assert_untouched(model, before)  # Refused before any gate or weight changed.
@@ -203,14 +215,17 @@ def test_sparse_labels_outside_the_classes_are_refused_on_every_backend(labels, 
 
 def test_label_checks_cover_datasets_subclassed_models_and_ignore_class():
     keras.utils.set_random_seed(9)
-    model = subclassed_model()  # No symbolic outputs: one forward pass gives the classes.
     x, _ = classification_data(4)
-    batches = [(x[:2], np.array([0, 1])), (x[2:], np.array([2, 5]))]
+    batches = [(x[:2], np.array([0, 1])), (x[2:], np.array([2, 5]))]  # Checked batch by batch.
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with pytest.raises(PruningError, match="the label 5, outside the model's 3 classes"):
-        head_importance(model, batches, loss=loss)
+        # No symbolic outputs: a forward pass of the first batch gives the classes.
+        head_importance(subclassed_model(), batches[::-1], method="ablation", loss=loss)
+    model = functional_model()
+    with pytest.raises(PruningError, match="the label 5, outside the model's 3 classes"):
+        head_importance(model, batches, method="ablation", loss=loss)
     ignoring = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)
-    scores = head_importance(model, (x, np.array([0, -1, 2, 1])), loss=ignoring)
+    scores = head_importance(model, (x, np.array([0, -1, 2, 1])), method="ablation", loss=ignoring)
     assert all(np.isfinite(values).all() for values in scores.values())
     with pytest.raises(PruningError, match=r"or the ignored class -1"):
         head_importance(model, (x, np.array([0, -2, 2, 1])), loss=ignoring)
