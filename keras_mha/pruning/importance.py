@@ -74,6 +74,12 @@ def head_importance(
         `{path: np.ndarray(num_heads)}` in model order; paths as in
         `find_attention_layers`.
 
+    Raises:
+        PruningError: a bad `batch_size` / `max_batches`; labels outside the
+            model's classes for a (sparse) categorical cross-entropy (checked
+            per batch before it is scored, on every backend); scores that are
+            NaN or infinite (a loss, gradient or weight that is not finite).
+
     Example:
         >>> scores = head_importance(model, (x_val, y_val), method="taylor")
         >>> scores["block_0/attention"].shape
