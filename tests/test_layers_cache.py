@@ -50,7 +50,8 @@ def test_prefill_plus_steps_equal_full_causal_pass(layer_factory, options):
     incremental, cache = decode_incrementally(layer, x, prefill=5, max_length=16)
     np.testing.assert_allclose(incremental, full, atol=1e-5)
     # Only KV heads are stored.
-    assert tuple(cache.shape) == (2, 2, 16, layer.num_key_value_heads, 8)
+    for buffer in cache:
+        assert tuple(buffer.shape) == (2, layer.num_key_value_heads, 16, 8)
 
 
 def test_cache_with_left_padding_mask():
@@ -90,7 +91,10 @@ def test_cross_attention_cache_is_read_only_and_matches():
     cache = layer.compute_cross_attention_cache(encoder)
     got, same_cache = layer(decoder, cache=cache)
     np.testing.assert_allclose(ops.convert_to_numpy(got), expected, atol=1e-5)
-    np.testing.assert_array_equal(ops.convert_to_numpy(same_cache), ops.convert_to_numpy(cache))
+    for got_buffer, buffer in zip(same_cache, cache, strict=True):
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(got_buffer), ops.convert_to_numpy(buffer)
+        )
 
 
 def test_cache_errors():
@@ -103,7 +107,7 @@ def test_cache_errors():
     with pytest.raises(ValueError, match=r"cache_index`=3.*max_length is 5"):
         layer(x, cache=cache, cache_index=3)
     with pytest.raises(ValueError, match="num_key_value_heads=2"):
-        layer(x, cache=ops.zeros((1, 2, 8, 4, 4)), cache_index=0)
+        layer(x, cache=(ops.zeros((1, 4, 8, 4)),) * 2, cache_index=0)
     with pytest.raises(ValueError, match="max_length"):
         layer.init_cache(1, 0)
 
