@@ -287,6 +287,8 @@ def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=Fa
     if not key_heads_first:
         key, value = key.transpose(1, 2), value.transpose(1, 2)
     num_heads, num_key_value_heads = query.shape[2], key.shape[1]
+    if query.shape[1] == 1 and num_heads != num_key_value_heads:
+        return _torch_sdpa_one_query(query, key, value, mask, scale=scale)
     output = functional.scaled_dot_product_attention(
         query.transpose(1, 2),
         key,
@@ -297,3 +299,29 @@ def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=Fa
         enable_gqa=num_heads != num_key_value_heads,
     )
     return output.transpose(1, 2)
+
+
+def _torch_sdpa_one_query(query, key, value, mask, *, scale):
+    """One query token: the query heads of each group become that group's queries.
+
+    `(B, 1, Hkv * G, D)` is viewed as `(B, Hkv, G, D)` against `(B, Hkv, S, D)`:
+    plain multi-head SDPA with `G` queries per head, no `enable_gqa` (whose CPU
+    kernel walks each query head separately) and no copy.
+    """
+    import torch.nn.functional as functional
+
+    batch, _, num_heads, head_dim = query.shape
+    num_key_value_heads = key.shape[1]
+    groups = num_heads // num_key_value_heads
+    grouped = query.reshape(batch, num_key_value_heads, groups, head_dim)
+    if mask is not None:
+        # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S), the query axis folded away.
+        if mask.shape[1] == 1:
+            mask = mask[:, :, 0][:, :, None]
+        else:
+            mask = mask.reshape(mask.shape[0], num_key_value_heads, groups, mask.shape[-1])
+    output = functional.scaled_dot_product_attention(
+        grouped, key, value, attn_mask=mask, scale=scale
+    )
+    # (B, Hkv, G, Dv) -> (B, 1, H, Dv): the heads are in order, so this is a view.
+    return output.reshape(batch, 1, num_heads, value.shape[-1])

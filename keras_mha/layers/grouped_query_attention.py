@@ -319,8 +319,14 @@ class GroupedQueryAttention(keras.layers.Layer):
 
     # ---------------------------------------------------------------- helpers
     def _project(self, inputs, kernel, bias):
-        projected = ops.einsum("btf,fhd->bthd", inputs, kernel)
-        return projected + bias if bias is not None else projected
+        # One matmul against the kernel viewed as (features, heads * head_dim):
+        # torch's einsum copies a permuted kernel on every call.
+        features, heads, head_dim = kernel.shape
+        projected = ops.matmul(inputs, ops.reshape(kernel, (features, heads * head_dim)))
+        if bias is not None:
+            projected = projected + ops.reshape(bias, (heads * head_dim,))
+        shape = ops.shape(inputs)
+        return ops.reshape(projected, (shape[0], shape[1], heads, head_dim))
 
     def _rms_norm(self, heads, scale):
         # In float32: mean of squares of float16 activations overflows easily.
@@ -359,9 +365,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         Args:
             batch_size: rows of the batch to decode.
             max_length: positions the cache holds (prompt plus new tokens).
-            dtype: a floating dtype for the buffers; default the layer's
-                compute dtype. A narrower one (e.g. `"bfloat16"` for a float32
-                layer) halves the memory and rounds the stored keys and values.
+            dtype: the buffers' dtype; None or the layer's compute dtype
+                (Keras converts floating call arguments to the compute dtype,
+                so a cache of another dtype would be copied at every step).
 
         Example:
             >>> layer = GroupedQueryAttention(8, 2, head_dim=16)
@@ -378,10 +384,10 @@ class GroupedQueryAttention(keras.layers.Layer):
         _positive_int("batch_size", batch_size)
         _positive_int("max_length", max_length)
         dtype = keras.backend.standardize_dtype(dtype or self.compute_dtype)
-        if "float" not in dtype:
+        if dtype != self.compute_dtype:
             raise ValueError(
-                f"`dtype` of a KV cache must be floating point (it stores keys and values; "
-                f"the layer computes in {self.compute_dtype}); received {dtype!r}."
+                f"`dtype` of a KV cache must be the layer's compute dtype "
+                f"{self.compute_dtype!r} (or None); received {dtype!r}."
             )
         return kv_cache.KVCache.zeros(
             batch_size, self.num_key_value_heads, max_length, self.head_dim, dtype
@@ -695,7 +701,12 @@ class GroupedQueryAttention(keras.layers.Layer):
     def _finish(self, heads, scores, valid, return_attention_scores, cache):
         """Gate the heads, project the output, and assemble the call's results."""
         heads = heads * ops.cast(self.head_gates, heads.dtype)[:, None]
-        output = ops.einsum("bthd,hdo->bto", heads, self.output_kernel)
+        num_heads, head_dim, output_dim = self.output_kernel.shape
+        shape = ops.shape(heads)
+        output = ops.matmul(
+            ops.reshape(heads, (shape[0], shape[1], num_heads * head_dim)),
+            ops.reshape(self.output_kernel, (num_heads * head_dim, output_dim)),
+        )
         if self.use_output_bias:
             output = output + self.output_bias
         if valid is not None:

@@ -78,7 +78,8 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
     Raises `ValueError` naming what was received and what the layer expects:
     not a (key, value) pair (e.g. the stacked tensor of keras-mha 0.1), a
     buffer of another rank, shape, batch, KV-head count or head size, or a
-    dtype that is not floating point (an integer cache would truncate K/V).
+    dtype other than the layer's compute dtype (an integer cache would
+    truncate K/V; Keras already converts floating arguments to that dtype).
     """
     expected = (
         f"the (key, value) pair from `init_cache`, each (batch={batch_size}, "
@@ -102,11 +103,11 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
         )
     for name, buffer in (("key", key), ("value", value)):
         dtype = keras.backend.standardize_dtype(buffer.dtype)
-        if "float" not in dtype:
+        if dtype != layer_dtype:
             raise ValueError(
                 f"`cache` {name} buffer has dtype {dtype}, but the layer computes in "
-                f"{layer_dtype}: the cache must be floating point (it stores keys and "
-                f"values); build it with `init_cache(batch_size, max_length)`."
+                f"{layer_dtype}: the cache must have the layer's floating dtype (it stores "
+                f"keys and values); build it with `init_cache(batch_size, max_length)`."
             )
     return cache if isinstance(cache, KVCache) else KVCache(key, value)
 
@@ -168,13 +169,13 @@ def _write_buffer(buffer, update, start, static_start, valid):
             return buffer.index_copy_(_LENGTH_AXIS, positions, update)
         return buffer.index_copy(_LENGTH_AXIS, positions, update)
     index = static_start if static_start is not None else ops.cast(start, "int32")
-    begin = [0, 0, index, 0]
     if valid is not None:
-        # dynamic_slice and dynamic_update_slice clamp the start the same way,
-        # so writing back the old slice leaves the buffer as it was.
-        old = ops.slice(buffer, begin, ops.shape(update))
+        # Clamp so the write stays inside the buffer, and write the old values
+        # back when the index was out of range.
+        index = ops.clip(index, 0, buffer.shape[_LENGTH_AXIS] - length)
+        old = ops.slice(buffer, [0, 0, index, 0], ops.shape(update))
         update = ops.where(valid, update, old)
-    return ops.slice_update(buffer, begin, update)
+    return ops.slice_update(buffer, [0, 0, index, 0], update)
 
 
 def write(cache, key, value, start, static_start):
