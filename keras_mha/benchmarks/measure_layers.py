@@ -269,6 +269,7 @@ def environment() -> dict:
 
 def _prepare(spec: dict, config: BenchmarkConfig):
     """Build the layer and inputs; compile the call. Returns (call, warm-up args, timed args)."""
+    import keras
     import numpy as np
     from keras import ops
 
@@ -298,7 +299,7 @@ def _prepare(spec: dict, config: BenchmarkConfig):
         cache = layer.init_cache(config.batch, max_length=context + 1)
         _, cache = layer(x[:, :context], cache=cache, cache_index=0)  # prefill, untimed
         # Eager torch would keep the prefill's autograd graph alive through the cache.
-        cache = ops.stop_gradient(cache)
+        cache = keras.tree.map_structure(ops.stop_gradient, cache)
         call = compiled.compile_decode_step(layer, cache, options)
         # The warm-up steps feed the last context positions their own tokens again
         # (the cache ends up holding the same keys and values), each at another
