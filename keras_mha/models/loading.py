@@ -214,7 +214,7 @@ def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
     return loaded.config, single.parent
 
 
-# -- dtype ------------------------------------------------------------------------------------------
+# -- dtype ---------------------------------------------------------------------------------
 
 
 def _has_accelerator() -> bool:

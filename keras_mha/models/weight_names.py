@@ -124,7 +124,9 @@ TRANSFORMS: dict[str, Transform] = {
             hub_shape=lambda shapes: (sum(_rows(s) for s in shapes), shapes[0][0]),
             to_keras=lambda tensor, shapes: [
                 part.T.reshape(shape)
-                for part, shape in zip(_split(tensor, [_rows(s) for s in shapes]), shapes)
+                for part, shape in zip(
+                    _split(tensor, [_rows(s) for s in shapes]), shapes, strict=True
+                )
             ],
             to_hub=lambda values: np.concatenate(
                 [v.reshape(v.shape[0], -1).T for v in values], axis=0
