@@ -9,6 +9,7 @@ Padded positions are compared only where transformers defines them (not on the q
 of left padding, whose every key is masked).
 """
 
+import keras
 import numpy as np
 import pytest
 
@@ -42,7 +43,9 @@ def test_outputs_equal_transformers(loaded, case):
     # One call for both batches: the unpadded rows, then the padded ones.
     token_ids = np.concatenate([made.token_ids, made.token_ids])
     padding_mask = np.concatenate([np.ones_like(made.padding_mask), made.padding_mask])
-    outputs = np.asarray(model({"token_ids": token_ids, "padding_mask": padding_mask}))
+    outputs = keras.ops.convert_to_numpy(
+        model({"token_ids": token_ids, "padding_mask": padding_mask})
+    )
     unpadded, padded = outputs[:2], outputs[2:]
     np.testing.assert_allclose(unpadded, made.reference, atol=ATOL, rtol=0)
     valid = made.padding_mask.astype(bool)
@@ -54,7 +57,7 @@ def test_outputs_equal_transformers(loaded, case):
     # A bare token-ids tensor is the unpadded batch.
     if case == "llama":
         np.testing.assert_allclose(
-            np.asarray(model(made.token_ids)), made.reference, atol=ATOL, rtol=0
+            keras.ops.convert_to_numpy(model(made.token_ids)), made.reference, atol=ATOL, rtol=0
         )
 
 
