@@ -347,27 +347,11 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
         values = rule.transform.to_keras(tensor, [tuple(v.shape) for v in variables])
         del tensor
         for variable, value, path in zip(variables, values, rule.variables, strict=True):
-            variable.assign(_as_variable_dtype(value, variable.dtype, ops))
+            variable.assign(ops.cast(value, variable.dtype))
             sources[path] = rule.hub_name
         del values, value
         _return_freed_memory()
     return sources
-
-
-def _as_variable_dtype(value, dtype, ops):
-    """`value` converted on the host, contiguous, so the backend makes a single copy."""
-    import numpy as np
-
-    try:
-        target = np.dtype(dtype)
-    except TypeError:  # bfloat16: NumPy knows it through ml_dtypes (installed with jax / tf)
-        try:
-            import ml_dtypes
-
-            target = np.dtype(getattr(ml_dtypes, str(dtype)))
-        except (ImportError, AttributeError):
-            return ops.cast(value, dtype)
-    return np.ascontiguousarray(value, dtype=target)
 
 
 def _return_freed_memory():
