@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     subcommands.add_parser("cards", help="list the bundled model cards")
+    from keras_mha.commands import prune as prune_command
+
+    prune_command.add_parser(subcommands)
     subcommands.add_parser(
         "bench",
         help="benchmarks: `bench layers [...]` (default) or `bench inspect [...]`",
@@ -162,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             return _inspect(arguments)
         if arguments.command == "cards":
             return _list_cards()
+        if arguments.command == "prune":
+            return _run_command(arguments)
         parser.print_help()
         return 0
     except KeyboardInterrupt:
@@ -283,6 +288,16 @@ def _run_bench(argv: list[str]) -> int:
         return int(module.main(argv) or 0)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _run_command(arguments: argparse.Namespace) -> int:
+    """A subcommand module's `run`; its keras-mha errors become one line and their exit code."""
+    from keras_mha.errors import KerasMHAError
+
+    try:
+        return int(arguments.run(arguments) or 0)
+    except KerasMHAError as error:
+        return _fail(str(error), error.exit_code)
 
 
 def _fail(message: str, exit_code: int) -> int:
