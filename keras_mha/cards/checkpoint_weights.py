@@ -148,6 +148,14 @@ class SafetensorsCheckpoint:
         """The file holding `key`."""
         return self._file_of[key]
 
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        """The shape of tensor `key`, read from its file's header (no data is read)."""
+        path = self._file_of[key]
+        headers = self.__dict__.setdefault("_headers", {})
+        if path not in headers:
+            headers[path] = _read_header(path)
+        return tuple(int(n) for n in headers[path][key]["shape"])
+
     def describe(self) -> str:
         """The checkpoint's file (or index) for messages."""
         if (self.directory / INDEX_FILE_NAME).is_file():
