@@ -436,6 +436,7 @@ def save_pretrained(
     dtype=None,
     overwrite=False,
     copy_tokenizer=True,
+    tokenizer_from=None,
 ) -> ExportSummary:
     """Write `model` as a Hub checkpoint folder (config.json, safetensors, tokenizer).
 
@@ -453,6 +454,8 @@ def save_pretrained(
         overwrite: replace an existing checkpoint folder.
         copy_tokenizer: copy the tokenizer (and sentence-transformers) files of the
             source folder when it had them.
+        tokenizer_from: the folder to copy them from; default the folder
+            `from_pretrained` read (`model.source_directory`).
 
     Returns:
         An `ExportSummary`.
@@ -517,7 +520,7 @@ def save_pretrained(
         dtype=SAFETENSORS_TO_TORCH_DTYPE[stored_dtype],
     )
     tensors = _hub_tensors(model, padding=padding, dtype_name=stored_dtype)
-    source = source_directory(model)
+    source = Path(tokenizer_from) if tokenizer_from is not None else source_directory(model)
     with output_folder(out_dir, overwrite=overwrite, source=source, argument="out_dir") as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         files = ["config.json", *write_safetensors(tensors, staging, max_shard_size)]
