@@ -160,6 +160,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--heatmap", metavar="FILE.png", help="also save head importance per layer and head"
     )
     parser.add_argument(
+        "--latency-runs",
+        type=_positive_int,
+        default=10,
+        help="timed forward passes for the latency figure, median kept (default 10)",
+    )
+    parser.add_argument(
         "--max-shard-size",
         default="5GB",
         help="split the safetensors above this size (default 5GB)",
@@ -274,6 +280,14 @@ def _choose_heads(model, scores, arguments):
             key="--target",
         )
     return chosen
+
+
+def _uniform_scores(model):
+    import numpy as np
+
+    from keras_mha.pruning import find_attention_layers
+
+    return {path: np.zeros(layer.num_heads) for path, layer in find_attention_layers(model).items()}
 
 
 def _shown_target(target):
@@ -442,6 +456,8 @@ def run(arguments) -> int:
         arguments.source, dtype=arguments.dtype, revision=arguments.revision, token=arguments.token
     )
     kind = exporting.model_kind(model)
+    # Refuse a target the layers cannot take before any measuring or scoring.
+    _choose_heads(model, _uniform_scores(model), arguments)
     directory = exporting.source_directory(model)
     data = _load_data(arguments, directory, kind)
     sequence_length = (
@@ -517,6 +533,7 @@ def measure_model(model, kind, data, arguments, sequence_length, latency_inputs,
         sequence_length=sequence_length,
         latency_inputs=latency_inputs,
         reference=reference,
+        latency_runs=arguments.latency_runs,
     )
 
 
@@ -546,7 +563,7 @@ def _export(model, arguments):
             overwrite=arguments.overwrite,
         )
     del caught  # The zeroed-heads warning is said in the table instead.
-    return {"format": "hub", **result}
+    return {"format": "hub", **result.as_dict()}
 
 
 def _save_heatmap(path, scores, gates, arguments):

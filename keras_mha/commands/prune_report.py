@@ -32,8 +32,8 @@ import numpy as np
 
 from keras_mha.pruning import find_attention_layers, model_attention_flops
 
-LATENCY_WARMUP_CALLS = 2
-LATENCY_CALLS = 10
+LATENCY_WARMUP_CALLS = 1
+DEFAULT_LATENCY_RUNS = 10
 # Stop timing early once this many seconds were spent (a big model on a CPU).
 LATENCY_BUDGET_SECONDS = 20.0
 
@@ -102,22 +102,32 @@ def perplexity(model, data, batch_size):
     return float(np.exp(total / count))
 
 
-def forward_latency_ms(model, inputs):
+def forward_latency_ms(model, inputs, runs=DEFAULT_LATENCY_RUNS):
     """Median milliseconds of `model.predict_on_batch(inputs)` after warm-up calls."""
     for _ in range(LATENCY_WARMUP_CALLS):
         _to_numpy(model.predict_on_batch(inputs))
     times = []
     started = time.perf_counter()
-    for _ in range(LATENCY_CALLS):
+    for _ in range(runs):
         begin = time.perf_counter()
         _to_numpy(model.predict_on_batch(inputs))
         times.append(time.perf_counter() - begin)
-        if time.perf_counter() - started > LATENCY_BUDGET_SECONDS and len(times) >= 3:
+        if time.perf_counter() - started > LATENCY_BUDGET_SECONDS and len(times) >= min(3, runs):
             break
     return 1000.0 * statistics.median(times)
 
 
-def measure(model, kind, data, *, batch_size, sequence_length, latency_inputs, reference=None):
+def measure(
+    model,
+    kind,
+    data,
+    *,
+    batch_size,
+    sequence_length,
+    latency_inputs,
+    reference=None,
+    latency_runs=DEFAULT_LATENCY_RUNS,
+):
     """The figures of the module table for `model`.
 
     Args:
@@ -128,6 +138,7 @@ def measure(model, kind, data, *, batch_size, sequence_length, latency_inputs, r
         sequence_length: tokens per example, for the FLOPs per token.
         latency_inputs: one batch of model inputs to time.
         reference: the original model's embeddings (encoders), from `encoder_embeddings`.
+        latency_runs: timed forward passes (after a warm-up pass); the median is kept.
 
     Returns:
         `(figures, embeddings)`: the dict, and the encoder embeddings (None for decoders).
@@ -153,7 +164,7 @@ def measure(model, kind, data, *, batch_size, sequence_length, latency_inputs, r
         cosines = np.sum(embeddings * (embeddings if reference is None else reference), axis=-1)
         figures["embedding_cosine"] = float(np.mean(cosines))
         figures["embedding_cosine_min"] = float(np.min(cosines))
-    figures["latency_ms"] = forward_latency_ms(model, latency_inputs)
+    figures["latency_ms"] = forward_latency_ms(model, latency_inputs, latency_runs)
     return figures, embeddings
 
 

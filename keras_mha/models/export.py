@@ -44,7 +44,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import shutil
@@ -150,7 +149,9 @@ def source_config(model) -> dict:
             "export; expected a DecoderModel or EncoderModel",
             key="model",
         )
-    return copy.deepcopy(raw)
+    # A JSON round trip, not deepcopy: Keras wraps the attribute in tracking containers
+    # that are slow to deep-copy, and config.json holds only JSON values anyway.
+    return json.loads(json.dumps(raw))
 
 
 def source_directory(model) -> Path | None:
