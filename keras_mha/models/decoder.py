@@ -140,10 +140,15 @@ class DecoderModel(keras.Model):
     def _key_mask(padding_mask):
         return None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
 
+    def __call__(self, inputs, *args, **kwargs):
+        # Checked before Keras's __call__, which would wrap the error in a long report.
+        token_ids, _, _ = unpack_inputs(inputs)
+        check_token_ids(token_ids, self.vocab_size)
+        return super().__call__(inputs, *args, **kwargs)
+
     def hidden_states(self, inputs):
         """The final norm's output `(B, T, hidden_size)` (keras-hub backbones' output)."""
         token_ids, padding_mask, _ = unpack_inputs(inputs)
-        check_token_ids(token_ids, self.vocab_size)
         hidden = self.embed(token_ids)
         attention_mask = self._key_mask(padding_mask)
         for block in self.blocks:

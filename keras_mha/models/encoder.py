@@ -96,8 +96,9 @@ class EncoderModel(keras.Model):
                     block.build((None, None, self.hidden_size))
         self.built = True
 
-    def call(self, inputs, training=None):
-        token_ids, padding_mask, segment_ids = unpack_inputs(inputs, allow_segments=True)
+    def __call__(self, inputs, *args, **kwargs):
+        # Checked before Keras's __call__, which would wrap the error in a long report.
+        token_ids, _, segment_ids = unpack_inputs(inputs, allow_segments=True)
         check_token_ids(token_ids, self.vocab_size)
         length = token_ids.shape[1]
         if isinstance(length, int) and length > self.max_position_embeddings:
@@ -105,10 +106,14 @@ class EncoderModel(keras.Model):
                 f"token_ids has {length} positions; this model has "
                 f"max_position_embeddings={self.max_position_embeddings}"
             )
+        if segment_ids is not None:
+            check_token_ids(segment_ids, self.type_vocab_size, argument="segment_ids")
+        return super().__call__(inputs, *args, **kwargs)
+
+    def call(self, inputs, training=None):
+        token_ids, padding_mask, segment_ids = unpack_inputs(inputs, allow_segments=True)
         if segment_ids is None:
             segment_ids = ops.zeros_like(token_ids)
-        else:
-            check_token_ids(segment_ids, self.type_vocab_size, argument="segment_ids")
         positions = ops.arange(ops.shape(token_ids)[1], dtype="int32")[None, :]
         hidden = (
             self.token_embedding(token_ids)
