@@ -291,6 +291,20 @@ def generate_without_cache(model, prompt_ids, new_tokens):
     return buffer[0, prompt_length:].tolist()
 
 
+class StepLine(keras.callbacks.Callback):
+    """Print `step 30/300: loss 2.345` every tenth of the training steps."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps, self.every = steps, max(1, steps // 10)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = batch + 1
+        if step % self.every == 0 or step == self.steps:
+            loss = float((logs or {}).get("loss", float("nan")))
+            print(f"step {step}/{self.steps}: loss {loss:.3f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train, report the loss, generate with and without the cache, compare.
 
@@ -350,7 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     start = time.perf_counter()
     inputs, targets = training_windows(ids, args.seq_len, args.steps * args.batch_size, args.seed)
-    model.fit(inputs, targets, batch_size=args.batch_size, epochs=1, verbose=0)
+    # Progress while it trains (a while on a CPU): Keras's bar on a terminal, and a line
+    # every tenth of the steps when the output goes to a file or pipe.
+    on_terminal = sys.stdout.isatty()
+    model.fit(
+        inputs, targets, batch_size=args.batch_size, epochs=1, verbose=1 if on_terminal else 0,
+        callbacks=[] if on_terminal else [StepLine(args.steps)],
+    )  # fmt: skip
     loss_after = model.evaluate(*evaluation, batch_size=64, verbose=0)
     print(
         f"loss after {args.steps} steps: {loss_after:.3f} "

@@ -140,6 +140,29 @@ def head_counts(model):
     }
 
 
+class EpochLine(keras.callbacks.Callback):
+    """One line per epoch, so that a minute of training shows progress, not silence.
+
+    Keras's own progress bar would also print `HeadPruning`'s array-valued logs; this
+    prints the scalar ones and the number of heads gated off.
+    """
+
+    def __init__(self, label: str, epochs: int):
+        super().__init__()
+        self.label, self.epochs = label, epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        parts = [
+            f"{name} {float(value):.3f}"
+            for name, value in logs.items()
+            if name != "pruned_heads" and np.ndim(value) == 0
+        ]
+        if "pruned_heads" in logs:
+            parts.append(f"heads gated off {int(logs['pruned_heads'])}")
+        print(f"{self.label} epoch {epoch + 1}/{self.epochs}: {', '.join(parts)}", flush=True)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=40)
@@ -186,7 +209,10 @@ def main(argv=None):
     keras.utils.set_random_seed(args.seed)
     baseline = build_classifier(args)
     initial_weights = baseline.get_weights()
-    baseline.fit(*train, epochs=args.epochs, batch_size=args.batch_size, verbose=0)
+    baseline.fit(
+        *train, epochs=args.epochs, batch_size=args.batch_size, verbose=0,
+        callbacks=[EpochLine("baseline", args.epochs)],
+    )  # fmt: skip
 
     keras.utils.set_random_seed(args.seed)  # Same dropout stream as the baseline.
     model = build_classifier(args)
@@ -202,8 +228,9 @@ def main(argv=None):
         heatmap_dir=args.heatmap_dir,
     )
     history = model.fit(
-        *train, epochs=args.epochs, batch_size=args.batch_size, callbacks=[pruning], verbose=0
-    )
+        *train, epochs=args.epochs, batch_size=args.batch_size, verbose=0,
+        callbacks=[pruning, EpochLine("pruned", args.epochs)],
+    )  # fmt: skip
     gated_accuracy = accuracy(model, *test)
     removed = prune_heads(model)
     training_seconds = time.perf_counter() - started

@@ -42,6 +42,8 @@ Exit codes (error, builtin base: when):
   matplotlib, tokenizers) is not installed.
 - 70: any other exception: a bug in keras-mha; one line and a hint to rerun with `--debug`.
 - 130: interrupted (Ctrl-C).
+- 141: the reader of stdout went away (`keras-mha inspect ... | head -1`): the run ends
+  quietly, with the status a Unix tool killed by SIGPIPE reports (128 + 13).
 
 Example:
     >>> from keras_mha.errors import ConfigError
@@ -61,6 +63,8 @@ from typing import Any
 INTERNAL_ERROR_EXIT_CODE = 70
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
 INTERRUPTED_EXIT_CODE = 130
+#: Exit code when the reader of stdout closed the pipe (128 + SIGPIPE), printed quietly.
+BROKEN_PIPE_EXIT_CODE = 141
 
 
 class KerasMHAError(Exception):
@@ -320,6 +324,7 @@ ERROR_CLASSES: tuple[type[KerasMHAError], ...] = (
 )
 
 __all__ = [cls.__name__ for cls in ERROR_CLASSES] + [
+    "BROKEN_PIPE_EXIT_CODE",
     "ERROR_CLASSES",
     "INTERNAL_ERROR_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",

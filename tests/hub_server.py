@@ -12,7 +12,15 @@ server answers exactly that, for repositories held in memory:
 
 plus gated and private repositories (`HubRepo(..., gated=True, tokens={"hf_x"})`),
 a log of every request (method, path, headers) and a `delay_seconds` setting that
-makes every answer wait, to drive client timeouts.
+makes every answer wait, to drive client timeouts. `valid_tokens`, when set, makes the
+server answer 401 "Invalid credentials" to any other bearer token, as the Hub does for
+a revoked or mistyped one.
+
+Hostile mode (`FakeHub(repos, hostile=Hostile(...))`) makes every 200 answer to a
+`/resolve/` request misbehave the way a broken or malicious endpoint could: an ETag or
+commit header that is a path (`../../x`) or huge, a redirect loop or an endless chain of
+redirects, a body trickled a byte at a time, a huge body, HTML instead of JSON, a wrong
+`Content-Length`, a redirect to another server (to check where the token goes).
 
 Example:
     >>> hub = FakeHub({"org/tiny": {"main": {"config.json": b"{}"}}})
@@ -28,6 +36,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,6 +56,35 @@ class HubRepo:
     gated: bool = False
     private: bool = False
     tokens: set[str] = field(default_factory=set)
+
+
+KEEP = object()  # a Hostile field left as the honest server would answer
+
+
+@dataclass
+class Hostile:
+    """How every successful `/resolve/` answer misbehaves (fields left at KEEP are honest).
+
+    Attributes:
+        etag, commit: replace the `ETag` / `X-Repo-Commit` header (None drops it).
+        content_type: replace `Content-Type`.
+        content_length: replace `Content-Length` (e.g. more bytes than are sent).
+        body: replace the body.
+        body_bytes: stream this many bytes of `{"a": "xxxx...` instead of the body (no
+            Content-Length unless `content_length` gives one).
+        trickle_seconds: wait this long before each byte of the body.
+        redirect: "loop" (Location: the same URL), "chain" (a new URL every time, forever)
+            or a full URL to send the client to (another server).
+    """
+
+    etag: object = KEEP
+    commit: object = KEEP
+    content_type: object = KEEP
+    content_length: object = KEEP
+    body: object = KEEP
+    body_bytes: int = 0
+    trickle_seconds: float = 0.0
+    redirect: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,13 +107,21 @@ def commit_hash(repo_id: str, revision: str) -> str:
 class FakeHub:
     """The server. `start()` binds 127.0.0.1 on a free port and serves from a thread."""
 
-    def __init__(self, repos: dict[str, HubRepo | dict[str, dict[str, bytes]]]):
+    def __init__(
+        self,
+        repos: dict[str, HubRepo | dict[str, dict[str, bytes]]],
+        *,
+        hostile: Hostile | None = None,
+        valid_tokens: set[str] | None = None,
+    ):
         self.repos = {
             repo_id: repo if isinstance(repo, HubRepo) else HubRepo(revisions=repo)
             for repo_id, repo in repos.items()
         }
         self.requests: list[RecordedRequest] = []
         self.delay_seconds = 0.0
+        self.hostile = hostile
+        self.valid_tokens = valid_tokens
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -131,6 +177,8 @@ class FakeHub:
         revision, filename = unquote(revision), unquote(filename)
         token = RecordedRequest(method, path, headers).bearer_token
 
+        if token is not None and self.valid_tokens is not None and token not in self.valid_tokens:
+            return _error(401, None, "Invalid credentials in Authorization header")
         repo = self.repos.get(repo_id)
         if repo is None or (repo.private and token not in repo.tokens):
             # Unauthenticated callers get 401 for missing repos too, so they can't probe names.
@@ -160,17 +208,59 @@ class FakeHub:
             error_headers["X-Repo-Commit"] = commit
             return status, error_headers, body
         content = files[filename]
-        return (
-            200,
-            {
-                "X-Repo-Commit": commit,
-                # A git blob id, as the Hub sends for files not stored with LFS.
-                "ETag": f'"{hashlib.sha1(content).hexdigest()}"',
-                "Content-Length": str(len(content)),
-                "Content-Type": "application/json" if filename.endswith(".json") else "text/plain",
-            },
-            content,
-        )
+        headers = {
+            "X-Repo-Commit": commit,
+            # A git blob id, as the Hub sends for files not stored with LFS.
+            "ETag": f'"{hashlib.sha1(content).hexdigest()}"',
+            "Content-Length": str(len(content)),
+            "Content-Type": "application/json" if filename.endswith(".json") else "text/plain",
+        }
+        if self.hostile is None:
+            return 200, headers, content
+        return self._misbehave(path, headers, content)
+
+    def _misbehave(self, path: str, headers: dict[str, str], content: bytes):
+        hostile = self.hostile
+        if hostile.redirect is not None:
+            if hostile.redirect == "loop":
+                location = path
+            elif hostile.redirect == "chain":
+                location = f"{urlsplit(path).path}?hop={len(self.requests)}"
+            else:
+                location = hostile.redirect
+            # As the Hub redirects to its CDN: the file's metadata rides on the redirect.
+            redirect_headers = {
+                "Location": location,
+                "X-Repo-Commit": headers["X-Repo-Commit"],
+                "X-Linked-Etag": headers["ETag"],
+                "X-Linked-Size": str(len(content)),
+                "Content-Length": "0",
+            }
+            return 302, redirect_headers, b""
+        for name, value in (
+            ("ETag", hostile.etag),
+            ("X-Repo-Commit", hostile.commit),
+            ("Content-Type", hostile.content_type),
+        ):
+            if value is None:
+                headers.pop(name, None)
+            elif value is not KEEP:
+                headers[name] = value
+        body: bytes | Iterator[bytes] = content if hostile.body is KEEP else hostile.body
+        if hostile.body_bytes:
+            headers.pop("Content-Length", None)
+            body = _huge_body(hostile.body_bytes)
+        elif isinstance(body, bytes):
+            headers["Content-Length"] = str(len(body))
+        if hostile.content_length is not KEEP:
+            headers["Content-Length"] = str(hostile.content_length)
+        if hostile.trickle_seconds:
+            body = _trickle(
+                body if isinstance(body, bytes) else b"".join(body),
+                hostile.trickle_seconds,
+                self._stopping,
+            )
+        return 200, headers, body
 
     @staticmethod
     def _resolve_revision(repo_id: str, repo: HubRepo, revision: str):
@@ -180,6 +270,22 @@ class FakeHub:
             if commit_hash(repo_id, name) == revision:
                 return name, revision
         return None
+
+
+def _huge_body(size: int, chunk: int = 1 << 20) -> Iterator[bytes]:
+    yield b'{"a": "'
+    sent = 7
+    while sent < size:
+        piece = min(chunk, size - sent)
+        yield b"x" * piece
+        sent += piece
+
+
+def _trickle(body: bytes, seconds: float, stopping: threading.Event) -> Iterator[bytes]:
+    for index in range(len(body)):
+        if stopping.wait(seconds):
+            return
+        yield body[index : index + 1]
 
 
 def _error(status: int, code: str | None, message: str):
@@ -208,22 +314,28 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
             for name, value in response_headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            if send_body:
-                self.wfile.write(body)
+            if not send_body:
+                return
+            chunks = [body] if isinstance(body, bytes) else body
+            for chunk in chunks:
+                self.wfile.write(chunk)
+                self.wfile.flush()
 
     def log_message(self, format, *args):  # noqa: A002 - keep pytest output quiet
         pass
 
 
 @contextlib.contextmanager
-def hub_environment(tmp_path: Path, monkeypatch, repos):
+def hub_environment(tmp_path: Path, monkeypatch, repos, **hub_options):
     """Start a FakeHub and point huggingface_hub at it, with an empty HF cache under tmp_path.
+
+    `hub_options` go to `FakeHub` (`hostile=`, `valid_tokens=`).
 
     Sets the environment (`HF_ENDPOINT`, `HF_HOME`, `HF_HUB_CACHE`, no `HF_TOKEN`, not
     offline) for subprocesses, and patches `huggingface_hub.constants`, which reads
     the environment once at import, for calls made in this process.
     """
-    hub = FakeHub(repos).start()
+    hub = FakeHub(repos, **hub_options).start()
     hf_home = tmp_path / "hf_home"
     cache = hf_home / "hub"
     environment = {
@@ -260,11 +372,9 @@ def hub_environment(tmp_path: Path, monkeypatch, repos):
     try:
         yield hub
     finally:
+        # The server speaks HTTP/1.0 and closes every connection after its answer, so the
+        # shared client pools nothing: keep it (building a new one costs ~0.2 s a test).
         hub.stop()
-        # Drop pooled keep-alive connections to the stopped server.
-        from huggingface_hub.utils import _http
-
-        _http.close_session()
 
 
 def environment_for_subprocess(**overrides: str) -> dict[str, str]:

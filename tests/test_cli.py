@@ -1,4 +1,4 @@
-"""`keras-mha inspect`, `cards` and `bench`: formats, DESIGN.md JSON keys, exit codes, imports."""
+"""`keras-mha inspect`, `cards` and `bench`: formats, README JSON keys, exit codes, imports."""
 
 import json
 import subprocess
@@ -15,8 +15,9 @@ pytestmark = pytest.mark.backend_independent
 LLAMA_3 = "meta-llama/Meta-Llama-3-8B"
 LLAMA_3_CONFIG = bundled_config_path(LLAMA_3).read_bytes() if bundled_config_path(LLAMA_3) else b""
 
-# The numbers DESIGN.md promises for Meta-Llama-3-8B (transformers counts 8,030,261,248
-# parameters; 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 131,072 bytes a token).
+# The numbers the README's JSON contract promises for Meta-Llama-3-8B (transformers counts
+# 8,030,261,248 parameters; 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 131,072
+# bytes a token).
 LLAMA_3_PARAMETERS = 8030261248
 LLAMA_3_ATTENTION_PARAMETERS = 1342177280
 LLAMA_3_BYTES_PER_TOKEN = 131072
@@ -213,11 +214,12 @@ def test_config_without_essential_keys_exits_9(capsys, tmp_path):
     assert out == "" and err.count("\n") == 1 and str(tmp_path) in err
 
 
-def test_usage_errors_exit_2(capsys):
-    with pytest.raises(SystemExit) as raised:
-        cli.main(["inspect", "gpt2", "--seq-len", "long"])
-    assert raised.value.code == 2
-    assert "--seq-len" in capsys.readouterr().err
+def test_usage_errors_exit_2_with_one_short_line(capsys):
+    code, out, err = run_cli(capsys, "inspect", "gpt2", "--seq-len", "long")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("keras-mha: error: --seq-len: ")
+    # The flag once, the value, and what was expected; no usage block.
+    assert err.count("--seq-len") == 1 and "'long'" in err and "usage:" not in err
 
 
 def test_no_traceback_from_a_real_process(tmp_path):

@@ -292,3 +292,71 @@ def test_kv_cost_as_dict_is_json_ready_and_leaves_out_the_layers():
         "mha_equivalent_bytes",
     ):
         assert key in values
+
+
+# -- multimodal and MoE invariants ------------------------------------------------------------
+
+
+def test_llava_counts_the_clip_tower_and_the_two_layer_projector():
+    counts = parameter_counts(spec_of("llava-hf/llava-1.5-7b-hf"))
+    width, inner, patches = 1024, 4096, (336 // 14) ** 2
+    clip = (
+        width * 3 * 14 * 14  # patch convolution, no bias
+        + width  # class embedding
+        + (patches + 1) * width  # positions, class token included
+        + 2 * width  # pre_layrnorm
+        + 24 * (4 * (width * width + width) + 2 * 2 * width + 2 * width * inner + inner + width)
+        + 2 * width  # post_layernorm
+    )
+    projector = (width * 4096 + 4096) + (4096 * 4096 + 4096)
+    assert clip == 303_507_456 and projector == 20_979_712
+    assert counts.other == clip + projector
+    assert counts.total == 7_063_427_072  # what transformers instantiates (not 6.74 B)
+
+
+def test_paligemma_counts_the_siglip_tower_and_its_linear_projector():
+    counts = parameter_counts(spec_of("google/paligemma-3b-pt-224"))
+    width, inner, patches = 1152, 4304, (224 // 14) ** 2
+    siglip = (
+        width * 3 * 14 * 14 + width  # patch convolution with bias
+        + patches * width
+        + 27 * (4 * (width * width + width) + 2 * 2 * width + 2 * width * inner + inner + width)
+        + 2 * width  # post_layernorm; no pooling head (vision_use_head=false)
+    )  # fmt: skip
+    assert counts.other == siglip + (width * 2048 + 2048)
+    assert counts.lm_head == 0 and counts.total == 2_923_466_480
+
+
+@pytest.mark.parametrize(
+    "card_id",
+    sorted(
+        f"{path.parent.parent.name}/{path.parent.name}"
+        for path in CARDS_ROOT.glob("*/*/config.json")
+    ),
+)
+def test_moe_active_parameters_never_exceed_the_total(card_id):
+    spec = spec_of(card_id)
+    counts = parameter_counts(spec)
+    if any(spec.moe_layers):
+        assert 0 < counts.active < counts.total
+        # Every expert active: nothing is left out.
+        everything = from_config({**spec.raw, **_all_experts_active(spec)})
+        assert parameter_counts(everything).active == parameter_counts(everything).total
+    else:
+        assert counts.active is None
+
+
+def _all_experts_active(spec) -> dict:
+    if spec.model_type == "dbrx":
+        return {"ffn_config": {**spec.raw["ffn_config"], "moe_top_k": spec.num_experts}}
+    return {"num_experts_per_tok": spec.num_experts}
+
+
+def test_active_above_total_is_refused_by_the_counts():
+    with pytest.raises(ValueError, match="active=11 must be in"):
+        ParameterCounts(10, 10, 0, 0, 0, 0, 0, active=11)
+
+
+def test_deepseek_without_experts_per_token_has_no_active_count():
+    spec = spec_of("deepseek-ai/DeepSeek-V2-Lite", num_experts_per_tok=None)
+    assert spec.num_experts_per_tok is None and parameter_counts(spec).active is None

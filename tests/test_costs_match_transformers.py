@@ -176,6 +176,21 @@ VARIANTS = [
     ("google/gemma-2b", {"attention_bias": True, "tie_word_embeddings": False}),
     ("databricks/dbrx-base", {"attn_config": {"kv_n_heads": 4, "rope_theta": 10000}}),
     ("Qwen/Qwen2.5-0.5B", {"tie_word_embeddings": False}),
+    # Multimodal: LLaVA's projector over several feature layers, without biases, tied;
+    # PaliGemma's projection size and SigLIP's pooling head; a CLIP tower of another size.
+    (
+        "llava-hf/llava-1.5-7b-hf",
+        {"vision_feature_layer": [-2, -5], "multimodal_projector_bias": False},
+    ),
+    ("llava-hf/llava-1.5-7b-hf", {"tie_word_embeddings": True}),
+    (
+        "llava-hf/llava-1.5-7b-hf",
+        {"vision_config": {"model_type": "clip_vision_model", "num_hidden_layers": 2}},
+    ),
+    (
+        "google/paligemma-3b-pt-224",
+        {"projection_dim": 1024, "vision_config": {"vision_use_head": True, "image_size": 448}},
+    ),
 ]
 
 
@@ -269,8 +284,14 @@ def shrink(raw: dict) -> dict:
     shrunk = copy.deepcopy(raw)
     text = shrunk.get("text_config") if isinstance(shrunk.get("text_config"), dict) else shrunk
     if text is not shrunk:
-        text.setdefault("num_attention_heads", 8)
+        # A text_config may leave its sizes to the config class's (full-size) defaults.
+        for key in ("num_attention_heads", "hidden_size", "intermediate_size", "num_hidden_layers"):
+            text.setdefault(key, 8)
         text["head_dim"] = _HEAD_SIZE
+    for config in (shrunk, text):
+        # Half-precision dtypes would build a half-precision model on CPU.
+        config.pop("torch_dtype", None)
+        config.pop("dtype", None)
 
     def set_if_present(key, value):
         if text.get(key) is not None:

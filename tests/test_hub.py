@@ -1,9 +1,9 @@
 """`keras_mha.cards.load_config` against the real huggingface_hub and a local Hub look-alike.
 
-Every Hub case goes through `huggingface_hub.hf_hub_download` talking HTTP to
-`tests/hub_server.FakeHub`, which answers with the status codes and `X-Error-Code`
-headers of the real Hub, so the error translation is tested against the exceptions
-huggingface_hub actually raises.
+Every Hub case goes through keras-mha's own GET (`keras_mha.cards.hub_fetch`, over
+huggingface_hub's HTTP session) talking HTTP to `tests/hub_server.FakeHub`, which answers
+with the status codes and `X-Error-Code` headers of the real Hub, and the file lands in the
+HF cache layout huggingface_hub itself reads (`try_to_load_from_cache`, offline mode).
 """
 
 import json

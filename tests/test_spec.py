@@ -88,6 +88,8 @@ CARD_FACTS = [
     ("ai21labs/Jamba-v0.1", "GQA", 32, 32, 8, 128, 4096, None, (4, 0, 28)),
     ("facebook/bart-large", "MHA", 12, 16, 16, 64, 1024, None, (12, 0, 0)),
     ("databricks/dbrx-base", "GQA", 40, 48, 8, 128, 6144, None, (40, 0, 0)),
+    ("llava-hf/llava-1.5-7b-hf", "MHA", 32, 32, 32, 128, 4096, None, (32, 0, 0)),
+    ("google/paligemma-3b-pt-224", "MQA", 18, 8, 1, 256, 2048, None, (18, 0, 0)),
 ]
 
 
@@ -326,6 +328,34 @@ def test_multimodal_text_config():
     noted = " ".join(spec.warnings)
     for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
         assert f"text_config.{key} is not in the config" in noted
+
+
+@pytest.mark.parametrize(
+    ("card_id", "vision_type", "layers", "patches", "projector", "tied"),
+    [
+        ("llava-hf/llava-1.5-7b-hf", "clip_vision_model", 24, 576, "llava", False),
+        ("google/paligemma-3b-pt-224", "siglip_vision_model", 27, 256, "paligemma", True),
+        ("google/gemma-3-4b-it", "siglip_vision_model", 27, 4096, "gemma3", True),
+    ],
+)
+def test_vision_towers(card_id, vision_type, layers, patches, projector, tied):
+    spec = card_spec(card_id)
+    assert (spec.vision.model_type, spec.vision.num_layers) == (vision_type, layers)
+    assert (spec.vision.num_patches, spec.vision.projector) == (patches, projector)
+    assert spec.tie_word_embeddings is tied
+
+
+def test_llava_takes_the_text_configs_tying_like_llava_config():
+    config = card("llava-hf/llava-1.5-7b-hf")
+    config["text_config"] = {**config["text_config"], "tie_word_embeddings": True}
+    assert from_config(config).tie_word_embeddings  # LlavaConfig.__post_init__
+
+
+def test_unknown_multimodal_wrapper_notes_the_vision_tower_it_does_not_count():
+    config = {**card("llava-hf/llava-1.5-7b-hf"), "model_type": "brand_new_vlm"}
+    spec = from_config(config)
+    assert spec.vision is None and spec.family == "llama"
+    assert any("vision_config" in note and "not counted" in note for note in spec.warnings)
 
 
 # -- biases, norms, positions, heads, scales ----------------------------------------------------

@@ -106,6 +106,35 @@ def bundled_config_path(model_id: str) -> Path | None:
     return None if card_directory is None else card_directory / "config.json"
 
 
+def close_bundled_ids(model_id: str, limit: int = 3) -> list[str]:
+    """Bundled repo ids close to a mistyped `model_id` (whole id or just the name part,
+    ignoring case), best first; [] when none is close.
+
+    Example:
+        >>> close_bundled_ids("meta-llama/Meta-Llama-3-8b-typo")[0]
+        'meta-llama/Meta-Llama-3-8B'
+        >>> close_bundled_ids("Mistral-7B-v0.1")[0]
+        'mistralai/Mistral-7B-v0.1'
+    """
+    import difflib
+
+    if not isinstance(model_id, str) or not model_id or len(model_id) > 200:
+        return []
+    by_folded_id = {repo_id.casefold(): repo_id for repo_id in _index()}
+    by_folded_name: dict[str, list[str]] = {}
+    for repo_id in _index():
+        by_folded_name.setdefault(repo_id.split("/")[-1].casefold(), []).append(repo_id)
+    folded = model_id.casefold()
+    matches = [
+        by_folded_id[match]
+        for match in difflib.get_close_matches(folded, list(by_folded_id), n=limit, cutoff=0.75)
+    ]
+    name = folded.split("/")[-1]
+    for match in difflib.get_close_matches(name, list(by_folded_name), n=limit, cutoff=0.8):
+        matches += [repo_id for repo_id in by_folded_name[match] if repo_id not in matches]
+    return matches[:limit]
+
+
 def bundled_source(model_id: str) -> dict:
     """The card's `source.json` (`repo_id`, `revision`, `source`, `notes`), or {} if absent.
 
@@ -125,6 +154,7 @@ def bundled_source(model_id: str) -> dict:
 
 __all__ = [
     "bundled_card_directory",
+    "close_bundled_ids",
     "bundled_cards_root",
     "bundled_config_path",
     "bundled_source",

@@ -82,6 +82,8 @@ class ParameterCounts:
             raise ValueError(
                 f"total={self.total} must equal the sum of its parts ({parts + self.other})"
             )
+        if self.active is not None and not 0 < self.active <= self.total:
+            raise ValueError(f"active={self.active} must be in (0, total={self.total}]")
 
     def as_dict(self) -> dict:
         """The counts as a plain dict (JSON-ready).
@@ -277,12 +279,19 @@ def _mamba_mixer(spec: ModelSpec) -> int:
 
 
 def _vision_tower(spec: ModelSpec) -> int:
-    """A SigLIP vision tower and the multimodal projector into the language model."""
+    """A SigLIP or CLIP vision tower and the multimodal projector, as transformers builds them.
+
+    SigLIP: patch convolution with a bias, one position row per patch, optional attention-
+    pooling head. CLIP: convolution without a bias, a class embedding and its position row,
+    a LayerNorm before the encoder (`pre_layrnorm`). Both end in a LayerNorm.
+    """
     vision = spec.vision
-    width, inner = vision.hidden_size, vision.intermediate_size
-    patch = vision.patch_size
-    count = width * vision.num_channels * patch * patch + width  # patch embedding (conv)
-    count += vision.num_patches * width  # position embedding
+    width, inner, patch = vision.hidden_size, vision.intermediate_size, vision.patch_size
+    clip = vision.model_type == "clip_vision_model"
+    count = width * vision.num_channels * patch * patch + (0 if clip else width)
+    count += (vision.num_patches + clip) * width  # position embedding
+    if clip:
+        count += width + 2 * width  # class_embedding, pre_layrnorm
     per_layer = 4 * _linear(width, width, True) + 2 * (2 * width)
     per_layer += _linear(width, inner, True) + _linear(inner, width, True)
     count += vision.num_layers * per_layer + 2 * width  # post_layernorm
@@ -290,9 +299,21 @@ def _vision_tower(spec: ModelSpec) -> int:
         # Attention-pooling head: probe, torch MultiheadAttention, LayerNorm, MLP.
         count += width + _linear(width, 3 * width, True) + _linear(width, width, True)
         count += 2 * width + _linear(width, inner, True) + _linear(inner, width, True)
-    # Gemma 3's projector: a (vision_width, text_width) matrix and an RMS norm.
-    count += width * spec.hidden_size + width
-    return count
+    return count + _PROJECTORS[vision.projector](vision, spec.hidden_size)
+
+
+# The multimodal projector of each wrapper, (vision spec, text hidden size) -> parameters.
+_PROJECTORS = {
+    # Gemma 3: an RMS norm over the vision width and a (vision_width, text_width) matrix.
+    "gemma3": lambda vision, text: vision.hidden_size * text + vision.hidden_size,
+    # LLaVA: linear_1 (over the concatenated feature layers), GELU, linear_2.
+    "llava": lambda vision, text: (
+        _linear(vision.hidden_size * vision.projector_input_layers, text, vision.projector_bias)
+        + _linear(text, text, vision.projector_bias)
+    ),
+    # PaliGemma: one linear layer to `projection_dim`.
+    "paligemma": lambda vision, text: _linear(vision.hidden_size, vision.projection_dim, True),
+}
 
 
 def parameter_counts(spec: ModelSpec) -> ParameterCounts:
@@ -325,17 +346,19 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
     if embedding_width != hidden:
         embeddings += 2 * hidden * embedding_width  # OPT's project_in and project_out
 
-    # Decoder (or only) stack.
-    self_attention = _self_attention(spec)
-    dense_mlp = _mlp(hidden, spec.intermediate_size, spec.mlp_kind, spec.mlp_bias)
-    for index, kind in enumerate(spec.layer_kinds):
-        if kind == "none":
-            other += _mamba_mixer(spec) if spec.mamba else 0
-        else:
-            attention += self_attention
-        mlp += _moe_block(spec) if spec.moe_layers[index] else dense_mlp
-        norms += spec.norms_per_layer * _norm(spec, hidden)
-    norms += (spec.final_norms + spec.embedding_norms) * _norm(spec, hidden)
+    # Decoder (or only) stack: layers counted by kind, never enumerated one by one.
+    num_layers = spec.num_hidden_layers
+    mixer_layers = num_layers - spec.num_layers
+    moe_layers = sum(spec.moe_layers)
+    attention += spec.num_layers * _self_attention(spec)
+    other += mixer_layers * _mamba_mixer(spec) if spec.mamba else 0
+    mlp += (num_layers - moe_layers) * _mlp(
+        hidden, spec.intermediate_size, spec.mlp_kind, spec.mlp_bias
+    )
+    mlp += moe_layers * _moe_block(spec) if moe_layers else 0
+    norms += (num_layers * spec.norms_per_layer + spec.final_norms + spec.embedding_norms) * _norm(
+        spec, hidden
+    )
 
     if spec.is_encoder_decoder:
         bias = spec.q_bias
@@ -372,9 +395,10 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
 
     total = attention + embeddings + mlp + norms + lm_head + other
     active = None
-    if spec.num_experts and any(spec.moe_layers):
+    if moe_layers and spec.num_experts_per_tok is not None:
+        # The spec guarantees num_experts_per_tok <= num_experts, so active <= total.
         unused_experts = spec.num_experts - spec.num_experts_per_tok
-        active = total - sum(spec.moe_layers) * unused_experts * _expert(spec)
+        active = total - moe_layers * unused_experts * _expert(spec)
     return ParameterCounts(
         total=total,
         attention=attention,
@@ -468,37 +492,42 @@ def kv_cache_cost(
         value_elements = spec.num_key_value_heads * spec.value_head_dim
     mha_elements = heads * (spec.head_dim + spec.value_head_dim)
 
-    layers = []
-    for index, kind in enumerate(spec.layer_kinds):
-        if kind == "none":
-            continue
-        tokens = min(seq_len, spec.sliding_window) if kind == "sliding" else seq_len
-        layers.append(LayerKVCache(index, kind, tokens, key_elements, value_elements))
-    if spec.is_encoder_decoder:
-        cross_elements = heads * spec.head_dim
-        for index in range(spec.num_hidden_layers):
-            layers.append(
-                LayerKVCache(index, "cross", encoder_seq_len, cross_elements, cross_elements)
-            )
-
-    def per_token(layer: LayerKVCache) -> int:
-        return layer.key_elements_per_token + layer.value_elements_per_token
-
-    attention_layers = [layer for layer in layers if layer.kind != "cross"]
-    cross_layers = [layer for layer in layers if layer.kind == "cross"]
-    growing = [layer for layer in layers if layer.kind != "sliding"]
-    mha_elements_total = len(attention_layers) * seq_len * mha_elements
-    mha_elements_total += len(cross_layers) * encoder_seq_len * mha_elements if cross_layers else 0
+    # Totals by arithmetic over the layer counts (the per-layer detail below is only listed).
+    counts = spec.layer_kind_counts()
+    full, sliding = counts["full"], counts["sliding"]
+    window_tokens = min(seq_len, spec.sliding_window) if sliding else 0
+    per_layer_token = key_elements + value_elements
+    cross_layers = spec.num_hidden_layers if spec.is_encoder_decoder else 0
+    cross_elements = heads * spec.head_dim
+    cross_per_token = cross_layers * 2 * cross_elements
+    elements = per_layer_token * (full * seq_len + sliding * window_tokens)
+    elements += cross_per_token * (encoder_seq_len or 0)
+    mha_elements_total = (full + sliding) * seq_len * mha_elements
+    mha_elements_total += cross_layers * (encoder_seq_len or 0) * mha_elements
+    layers = tuple(
+        LayerKVCache(
+            index,
+            kind,
+            window_tokens if kind == "sliding" else seq_len,
+            key_elements,
+            value_elements,
+        )
+        for index, kind in enumerate(spec.layer_kinds)
+        if kind != "none"
+    ) + tuple(
+        LayerKVCache(index, "cross", encoder_seq_len, cross_elements, cross_elements)
+        for index in range(cross_layers)
+    )
 
     notes = []
-    if spec.sliding_window and any(layer.kind == "sliding" for layer in layers):
+    if sliding:
         notes.append(f"sliding-window layers hold at most {spec.sliding_window} tokens")
     if cache_format == "mla_latent":
         notes.append(
             "MLA caches its latent (kv_lora_rank + qk_rope_head_dim per token and layer), "
             "not per-head keys and values"
         )
-    if any(kind == "none" for kind in spec.layer_kinds):
+    if counts["none"]:
         notes.append(
             "layers without attention keep no KV cache (their recurrent state is not counted)"
         )
@@ -507,16 +536,16 @@ def kv_cache_cost(
         batch=batch,
         seq_len=seq_len,
         encoder_seq_len=encoder_seq_len,
-        bytes_per_token=_ceil_bytes(sum(per_token(layer) for layer in layers) * bits),
+        bytes_per_token=_ceil_bytes(((full + sliding) * per_layer_token + cross_per_token) * bits),
         bytes_per_token_beyond_window=_ceil_bytes(
-            sum(per_token(layer) for layer in growing) * bits
+            (full * per_layer_token + cross_per_token) * bits
         ),
-        total_bytes=_ceil_bytes(batch * sum(layer.elements for layer in layers) * bits),
+        total_bytes=_ceil_bytes(batch * elements * bits),
         mha_equivalent_bytes=_ceil_bytes(batch * mha_elements_total * bits),
         cache_format=cache_format,
         applicable=True,
         note="; ".join(notes) or None,
-        layers=tuple(layers),
+        layers=layers,
     )
 
 

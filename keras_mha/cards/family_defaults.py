@@ -399,10 +399,20 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "layer_norm_eps": 1e-6,
         "vision_use_head": True,
     },
+    "clip_vision_model": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_channels": 3,
+        "image_size": 224,
+        "patch_size": 32,
+        "layer_norm_eps": 1e-5,
+    },
 }
-# DBRX nests its attention and feed-forward settings; these are their defaults.
-DBRX_ATTN_DEFAULTS = {"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": None}
-DBRX_FFN_DEFAULTS = {"ffn_hidden_size": 3584, "moe_num_experts": 4, "moe_top_k": 1}
+# DBRX nests its attention settings in `attn_config`; the defaults of the keys that do not
+# decide the model's size (kv_n_heads, and every ffn_config size, must be given).
+DBRX_ATTN_DEFAULTS = {"rope_theta": 10000.0, "clip_qkv": None}
 
 
-__all__ = ["DBRX_ATTN_DEFAULTS", "DBRX_FFN_DEFAULTS", "FAMILY_DEFAULTS"]
+__all__ = ["DBRX_ATTN_DEFAULTS", "FAMILY_DEFAULTS"]

@@ -2,14 +2,21 @@
 
 `load_config` accepts
 
-- a Hub model id (`"meta-llama/Meta-Llama-3-8B"`), fetched with
-  `huggingface_hub.hf_hub_download`, so the HF cache, `HF_TOKEN`, `HF_ENDPOINT`,
-  `HF_HOME` / `HF_HUB_CACHE` and `HF_HUB_OFFLINE` behave as they do everywhere else;
+- a Hub model id (`"meta-llama/Meta-Llama-3-8B"`) or a pasted model page URL
+  (`https://huggingface.co/org/name`, `.../tree/REV`, `.../blob/REV/config.json`);
 - a local directory holding `config.json`, or the path of a JSON file;
 - `"bundled:org/name"`, one of the curated snapshots shipped with keras-mha.
 
-When the Hub cannot be reached (no connection, a timeout, the Hub answering 5xx,
-or offline mode) and the HF cache does not hold the file, the bundled card for the
+A Hub id is read the way huggingface_hub reads it (the HF cache, `HF_TOKEN`,
+`HF_ENDPOINT`, `HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE`, huggingface_hub's own HTTP
+session), but keras-mha fetches the few KB itself (`hub_fetch`: one GET under one
+deadline, a 10 MB cap, checked redirects) and writes them into the HF cache only after
+checking every name the server sent (`hub_cache`): a hostile endpoint cannot make it
+write outside the cache. The revision, token and endpoint are checked before any
+request (`hub_inputs`).
+
+When the Hub cannot be reached (no connection, a timeout, the Hub answering 5xx, or
+offline mode), a cached copy answers; with nothing cached, the bundled card for the
 same model id answers instead; `LoadedConfig.source` is then `"bundled"` and
 `LoadedConfig.note` says why. A config is data: nothing from a repository is ever
 executed (there is no `trust_remote_code`).
@@ -26,28 +33,43 @@ Example:
 
 from __future__ import annotations
 
-import json
+import errno
+import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from keras_mha.cards import bundled
-from keras_mha.cards.errors import (
+from keras_mha.cards.config_json import parse_config_bytes, read_config_file
+from keras_mha.cards.hub_inputs import (
+    looks_like_hub_url,
+    parse_hub_url,
+    validate_endpoint,
+    validate_revision,
+    validate_token,
+)
+from keras_mha.errors import (
     CardError,
     ConfigFileNotFoundError,
     GatedRepositoryError,
+    HubResponseError,
     HubUnreachableError,
-    MalformedConfigError,
+    InvalidTokenError,
+    PathError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
+    UsageError,
 )
+from keras_mha.safe_text import one_line
 
 CONFIG_FILENAME = "config.json"
 BUNDLED_PREFIX = "bundled:"
 DEFAULT_TIMEOUT_SECONDS = 10.0
+#: The longest `timeout` accepted (a day); anything longer is a typo, not a wish.
+MAX_TIMEOUT_SECONDS = 86400.0
 
 _TRUE_STRINGS = {"1", "on", "yes", "true"}
+_INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 
 
 @dataclass(frozen=True)
@@ -94,16 +116,19 @@ def load_config(
     """Read the `config.json` of a Hub model, a local directory / file or a bundled card.
 
     Args:
-        source: a Hub model id (`"org/name"`), a local directory or JSON file path, or
-            `"bundled:org/name"` to read the bundled snapshot without touching the network.
-        revision: branch, tag or commit on the Hub (default `"main"`).
-        token: Hub token; None lets `huggingface_hub` use `HF_TOKEN` or the stored login.
+        source: a Hub model id (`"org/name"`) or model page URL, a local directory or JSON
+            file path, or `"bundled:org/name"` to read the bundled snapshot without touching
+            the network.
+        revision: branch, tag, `refs/pr/N` or commit on the Hub (default `"main"`, or the
+            revision in a pasted URL); anything else is refused before any request.
+        token: Hub token; None lets `huggingface_hub` find `HF_TOKEN` or the stored login;
+            False sends none. A malformed token is refused before any request.
         endpoint: Hub endpoint; None uses `HF_ENDPOINT` (default `https://huggingface.co`).
         offline: never touch the network: read the HF cache, then the bundled card.
             None follows `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`).
-        timeout: seconds to wait for the Hub to answer the metadata request. The
-            `HF_HUB_ETAG_TIMEOUT` environment variable, when set, wins (as in
-            `huggingface_hub`); the download itself uses `HF_HUB_DOWNLOAD_TIMEOUT`.
+        timeout: seconds the whole exchange with the Hub may take (connecting, redirects,
+            the body), at most a day. `HF_HUB_ETAG_TIMEOUT`, when set, wins (as in
+            huggingface_hub).
         cache_dir: HF cache directory; None uses `HF_HUB_CACHE` / `HF_HOME`.
 
     Returns:
@@ -111,8 +136,9 @@ def load_config(
 
     Raises:
         RepositoryNotFoundError, GatedRepositoryError, RevisionNotFoundError,
-        ConfigFileNotFoundError, MalformedConfigError, HubUnreachableError (all
-        `keras_mha.errors.CardError`).
+        ConfigFileNotFoundError, MalformedConfigError, HubUnreachableError,
+        InvalidRevisionError, InvalidTokenError, HubResponseError (all
+        `keras_mha.errors.CardError`), PathError, UsageError.
 
     Example:
         >>> load_config("bundled:openai-community/gpt2").config["n_head"]
@@ -120,10 +146,14 @@ def load_config(
     """
     if not isinstance(source, str) or not source.strip():
         raise ConfigFileNotFoundError(
-            f"model source {source!r} is empty; pass a Hub model id (org/name), "
-            "a local directory or config.json path, or bundled:org/name"
+            f"model source {one_line(repr(source))[:80]} is empty; pass a Hub model id "
+            "(org/name), a local directory or config.json path, or bundled:org/name"
         )
     source = source.strip()
+    if revision is not None:
+        validate_revision(revision)
+    if token is not None and not isinstance(token, bool):
+        validate_token(token)
     if source.startswith(BUNDLED_PREFIX):
         model_id = source[len(BUNDLED_PREFIX) :].strip()
         note = None
@@ -131,83 +161,82 @@ def load_config(
             note = f"revision {revision!r} ignored: a bundled card is one fixed snapshot"
         loaded = _load_bundled(model_id, note=note)
         if loaded is None:
-            raise RepositoryNotFoundError(_unknown_bundled_message(model_id))
+            raise RepositoryNotFoundError(_unknown_bundled_message(model_id), model_id=model_id)
         return loaded
 
-    local_path = Path(source).expanduser()
-    if local_path.exists():
-        return _load_local(source, local_path, revision)
-    if _looks_like_path(source):
-        raise ConfigFileNotFoundError(
-            f"{source}: no such file or directory; pass a Hub model id (org/name), "
-            "an existing directory holding config.json or a config.json path, or bundled:org/name"
-        )
-    return _load_from_hub(
-        source,
-        revision=revision,
+    hub_options = dict(
         token=token,
         endpoint=endpoint,
         offline=_offline_requested() if offline is None else offline,
-        timeout=_metadata_timeout(timeout),
+        timeout=_deadline_seconds(timeout),
         cache_dir=cache_dir,
     )
+    local_path = _expand_user(source)
+    # A folder that happens to be named like a URL without a scheme (`hf.co/org/name`, as
+    # some mirroring tools lay them out) is read as the local folder it is.
+    if "://" not in source and _local_path_exists(source, local_path):
+        return _load_local(source, local_path, revision)
+    if looks_like_hub_url(source):
+        repo_id, url_revision = parse_hub_url(source, endpoint=endpoint or _configured_endpoint())
+        if url_revision is not None and revision is not None and url_revision != revision:
+            raise UsageError(
+                f"--revision {revision!r} conflicts with revision {url_revision!r} in the URL "
+                f"{one_line(source)}; pass one of them",
+                revision=revision,
+            )
+        return _load_from_hub(repo_id, revision=url_revision or revision, **hub_options)
 
-
-def read_config_file(path: Path, *, described_as: str) -> dict:
-    """Parse a `config.json`, turning every way it can be unreadable into a `CardError`.
-
-    Args:
-        path: the file.
-        described_as: how the message names the file's origin (model id, revision, path).
-
-    Example:
-        >>> from keras_mha.cards.bundled import bundled_config_path
-        >>> path = bundled_config_path("openai-community/gpt2")
-        >>> read_config_file(path, described_as="gpt2")["model_type"]
-        'gpt2'
-    """
-    try:
-        with open(path, encoding="utf-8") as config_file:
-            config = json.load(config_file)
-    except FileNotFoundError as error:
-        raise ConfigFileNotFoundError(f"{described_as}: {path} does not exist") from error
-    except IsADirectoryError as error:
+    if _looks_like_path(source):
         raise ConfigFileNotFoundError(
-            f"{described_as}: {path} is a directory, not a file"
-        ) from error
-    except json.JSONDecodeError as error:
-        raise MalformedConfigError(
-            f"{described_as}: {path} is not valid JSON: {error.msg} at line {error.lineno} "
-            f"column {error.colno}; fix the file or use another revision"
-        ) from error
-    except UnicodeDecodeError as error:
-        raise MalformedConfigError(
-            f"{described_as}: {path} is not UTF-8 text (byte {error.start}: {error.reason}); "
-            "a config.json must be UTF-8 JSON"
-        ) from error
-    except OSError as error:
-        raise ConfigFileNotFoundError(
-            f"{described_as}: cannot read {path}: {error.strerror or error}"
-        ) from error
-    if not isinstance(config, dict):
-        raise MalformedConfigError(
-            f"{described_as}: {path} holds a JSON {type(config).__name__}, expected a JSON object "
-            "({...}) with the model's configuration"
+            f"{_shorten(source)}: no such file or directory; pass a Hub model id (org/name), "
+            "an existing directory holding config.json or a config.json path, or bundled:org/name",
+            path=source,
         )
-    return config
+    return _load_from_hub(source, revision=revision, **hub_options)
+
+
+def _expand_user(source: str) -> Path:
+    """`~/x` and `~user/x` expanded; a `~name` naming no user stays as typed."""
+    try:
+        return Path(source).expanduser()
+    except RuntimeError:  # "Could not determine home directory" for an unknown ~name
+        return Path(source)
+
+
+def _local_path_exists(source: str, local_path: Path) -> bool:
+    """Whether `local_path` exists; a path that cannot even be looked at is a PathError."""
+    try:
+        os.stat(local_path)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):
+            return False
+        if error.errno == errno.ENAMETOOLONG and not _looks_like_path(source):
+            return False  # e.g. a long string with no '/': reported as an invalid model id
+        reason = {
+            errno.EACCES: "permission denied",
+            errno.ENAMETOOLONG: "the name is too long",
+            errno.ELOOP: "too many levels of symbolic links",
+        }.get(error.errno, error.strerror or type(error).__name__)
+        raise PathError(
+            f"{_shorten(source)}: cannot look at this path: {reason}", path=source
+        ) from None
+    except ValueError:  # an embedded NUL byte
+        return False
+    return True
 
 
 def _load_local(source: str, local_path: Path, revision: str | None) -> LoadedConfig:
     if local_path.is_dir():
         config_path = local_path / CONFIG_FILENAME
-        if not config_path.is_file():
+        if not config_path.exists():
             raise ConfigFileNotFoundError(
                 f"{source}: no {CONFIG_FILENAME} in this directory; point at the directory "
-                "that holds the model's config.json, or at the JSON file itself"
+                "that holds the model's config.json, or at the JSON file itself",
+                path=source,
             )
     else:
         config_path = local_path
-    config = read_config_file(config_path, described_as=source)
+    config = read_config_file(config_path, described_as=_shorten(source))
     note = None
     if revision is not None:
         note = f"revision {revision!r} ignored for a local path"
@@ -228,12 +257,27 @@ def _load_bundled(model_id: str, *, note: str | None) -> LoadedConfig | None:
 
 
 def _unknown_bundled_message(model_id: str) -> str:
-    import difflib
-
     available = bundled.list_bundled()
-    close = difflib.get_close_matches(model_id, available, n=3, cutoff=0.5)
-    hint = f"did you mean {', '.join(close)}?" if close else "run `keras-mha cards` to list them"
-    return f"bundled:{model_id}: no bundled card with this id ({len(available)} bundled); {hint}"
+    close = bundled.close_bundled_ids(model_id)
+    hint = (
+        f"did you mean {', '.join(f'bundled:{name}' for name in close)}?"
+        if close
+        else "run `keras-mha cards` to list them"
+    )
+    return (
+        f"bundled:{_shorten(model_id)}: no bundled card with this id ({len(available)} bundled); "
+        f"{hint}"
+    )
+
+
+def _did_you_mean(repo_id: str) -> str:
+    """'; did you mean bundled:X?' for a mistyped id of a bundled model, else ''."""
+    if bundled.bundled_config_path(repo_id) is not None:
+        return ""
+    close = bundled.close_bundled_ids(repo_id)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(f"{name} (bundled:{name})" for name in close) + "?"
 
 
 def _looks_like_path(source: str) -> bool:
@@ -247,6 +291,10 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
+def _shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE_STRINGS
 
@@ -256,17 +304,61 @@ def _offline_requested() -> bool:
     return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE")
 
 
-def _metadata_timeout(timeout: float) -> float:
-    """`HF_HUB_ETAG_TIMEOUT` wins over the argument, as it does inside huggingface_hub."""
+def _configured_endpoint() -> str | None:
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def _deadline_seconds(timeout: float) -> float:
+    """The deadline for the whole Hub exchange; `HF_HUB_ETAG_TIMEOUT` wins when set."""
     from_environment = os.environ.get("HF_HUB_ETAG_TIMEOUT", "").strip()
     if from_environment:
         try:
-            return float(from_environment)
+            value = float(from_environment)
         except ValueError:
-            pass
-    if timeout is None or timeout <= 0:
-        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
+            value = math.nan
+        if math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS:
+            return value
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT_SECONDS
+    ):
+        raise UsageError(
+            f"--timeout {timeout!r} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]",
+            key="timeout",
+            value=timeout,
+        )
     return float(timeout)
+
+
+def _resolve_token(huggingface_hub, token) -> tuple[str | None, str]:
+    """(the token to send or None, how messages name it); malformed tokens are refused."""
+    if isinstance(token, str):
+        return token, "--token"
+    if token is False:
+        return None, "no token"
+    from huggingface_hub import constants
+
+    if token is None and constants.HF_HUB_DISABLE_IMPLICIT_TOKEN:
+        return None, "no token"
+    from_environment = bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+    named = "HF_TOKEN" if from_environment else "the stored Hub token"
+    try:
+        resolved = huggingface_hub.get_token()
+    except Exception as error:  # noqa: BLE001 - e.g. an OIDC exchange that failed
+        raise InvalidTokenError(
+            f"{named}: cannot be read ({type(error).__name__}); log in again with "
+            "`hf auth login` or set HF_TOKEN"
+        ) from None
+    if resolved is None:
+        if token is True:
+            raise InvalidTokenError(
+                "token=True but no Hub token is stored; log in with `hf auth login` or set HF_TOKEN"
+            )
+        return None, "no token"
+    validate_token(resolved, argument=named)
+    return resolved, named
 
 
 def _load_from_hub(
@@ -287,183 +379,173 @@ def _load_from_hub(
             revision,
             reason=f"huggingface_hub is not installed ({error}), so the Hub cannot be read",
         )
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise RepositoryNotFoundError(
+            f"{_shorten(repo_id)}: not a valid Hub model id and not an existing local path "
+            f"({_shorten(one_line(str(error)), 160)}); "
+            f"pass org/name, a directory holding config.json, or bundled:org/name"
+            f"{_did_you_mean(repo_id)}",
+            model_id=repo_id,
+        ) from None
 
     requested_revision = revision or "main"
     described_as = f"{repo_id}@{requested_revision}"
-    download_arguments = dict(
-        repo_id=repo_id,
-        filename=CONFIG_FILENAME,
-        revision=revision,
-        token=token,
-        endpoint=endpoint,
-        cache_dir=cache_dir,
+    cache_dir = os.fspath(cache_dir if cache_dir is not None else constants.HF_HUB_CACHE)
+    cached = huggingface_hub.try_to_load_from_cache(
+        repo_id, CONFIG_FILENAME, cache_dir=cache_dir, revision=requested_revision
     )
-    try:
-        if offline:
-            # local_files_only: the cache answers or LocalEntryNotFoundError; no request is made.
-            try:
-                config_path = huggingface_hub.hf_hub_download(
-                    **download_arguments, local_files_only=True
-                )
-            except LocalEntryNotFoundError:
-                return _fall_back_to_bundled(
-                    repo_id,
-                    revision,
-                    reason="offline mode is on and config.json is not in the HF cache",
-                )
-        else:
-            cached = huggingface_hub.try_to_load_from_cache(
-                repo_id, CONFIG_FILENAME, cache_dir=cache_dir, revision=revision
-            )
-            if not isinstance(cached, str):
-                # Nothing cached: hf_hub_download would retry a failed metadata request for
-                # up to a minute. One request, bounded by `timeout`, fails fast instead.
-                network_problem = _probe_hub(
-                    huggingface_hub, repo_id, revision, token, endpoint, timeout
-                )
-                if network_problem is not None:
-                    return _fall_back_to_bundled(repo_id, revision, reason=network_problem)
-            # With a cached copy, a failed metadata request falls back to that copy, no retry.
-            config_path = huggingface_hub.hf_hub_download(
-                **download_arguments, etag_timeout=timeout
-            )
-    except CardError:
-        raise
-    except HFValidationError as error:
-        raise RepositoryNotFoundError(
-            f"{repo_id}: not a valid Hub model id and not an existing local path "
-            f"({_first_line(error)}); "
-            "pass org/name, a directory holding config.json, or bundled:org/name"
-        ) from None
-    except Exception as error:  # noqa: BLE001 - every huggingface_hub error is translated below
-        translated = _translate_hub_error(error, repo_id, revision, token)
-        if translated is None:
-            raise
-        if isinstance(translated, str):
-            return _fall_back_to_bundled(repo_id, revision, reason=translated)
-        raise translated from None
+    cached_path = Path(cached) if isinstance(cached, str) else None
+    if offline:
+        if cached_path is not None:
+            return _load_cached(repo_id, requested_revision, cached_path, note=None)
+        return _fall_back_to_bundled(
+            repo_id, revision, reason="offline mode is on and config.json is not in the HF cache"
+        )
 
-    config_path = Path(config_path)
-    config = read_config_file(config_path, described_as=f"{described_as} ({CONFIG_FILENAME})")
-    commit = config_path.parent.name if config_path.parent.parent.name == "snapshots" else None
-    return LoadedConfig(config, "hub", repo_id, config_path, requested_revision, None, commit)
-
-
-def _probe_hub(huggingface_hub, repo_id, revision, token, endpoint, timeout) -> str | None:
-    """One metadata request for config.json. Returns why the Hub is unreachable, or None
-    when it answered; raises Hub errors (repository / revision / file not found, gated)."""
-    url = huggingface_hub.hf_hub_url(repo_id, CONFIG_FILENAME, revision=revision, endpoint=endpoint)
-    try:
-        huggingface_hub.get_hf_file_metadata(url, token=token, timeout=timeout, endpoint=endpoint)
-    except Exception as error:  # noqa: BLE001 - translated, or re-raised when unknown
-        translated = _translate_hub_error(error, repo_id, revision, token)
-        if isinstance(translated, str):
-            return translated
-        if translated is None:
-            raise
-        raise translated from None
-    return None
-
-
-def _translate_hub_error(error: Exception, repo_id: str, revision: str | None, token):
-    """Map a huggingface_hub / HTTP-client error to a CardError, or to a string saying why
-    the Hub is unreachable (the caller then tries the bundled card), or None if unknown."""
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
+    endpoint = validate_endpoint(
+        endpoint if endpoint is not None else constants.ENDPOINT,
+        argument="--endpoint" if endpoint is not None else "HF_ENDPOINT",
     )
-    from huggingface_hub.errors import RepositoryNotFoundError as HfRepositoryNotFoundError
-    from huggingface_hub.errors import RevisionNotFoundError as HfRevisionNotFoundError
+    token_to_send, token_name = _resolve_token(huggingface_hub, token)
+    from keras_mha import __version__
+    from keras_mha.cards import hub_cache
+    from keras_mha.cards.hub_fetch import HubUnreachable, fetch
 
+    url = huggingface_hub.hf_hub_url(
+        repo_id, CONFIG_FILENAME, revision=requested_revision, endpoint=endpoint
+    )
+    headers = huggingface_hub.utils.build_hf_headers(
+        token=token_to_send or False, library_name="keras-mha", library_version=__version__
+    )
+    headers["Accept-Encoding"] = "identity"
+    # The token never appears in a message (URL passwords are redacted by safe_text).
+    secrets = (token_to_send,) if token_to_send else ()
+    try:
+        answer = fetch(
+            url, headers=headers, timeout=timeout, described_as=described_as, secrets=secrets
+        )
+        unreachable = _error_for_status(answer, repo_id, revision, token_name, token_to_send)
+    except HubUnreachable as reason:
+        unreachable = f"the Hub could not be reached ({one_line(str(reason), secrets)})"
+    if isinstance(unreachable, str):
+        if cached_path is not None:
+            return _load_cached(
+                repo_id,
+                requested_revision,
+                cached_path,
+                note=f"{unreachable}; answered from the HF cache",
+            )
+        return _fall_back_to_bundled(repo_id, revision, reason=unreachable)
+
+    content_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in ("text/html", "application/xhtml+xml"):
+        raise HubResponseError(
+            f"{described_as}: the endpoint answered an HTML page instead of {CONFIG_FILENAME}; "
+            "check HF_ENDPOINT / --endpoint (a web page or a proxy login?)",
+            model_id=repo_id,
+            revision=requested_revision,
+        )
+    commit = hub_cache.checked_commit(answer.commit, described_as=described_as, revision=revision)
+    etag = hub_cache.checked_etag(answer.etag, described_as=described_as)
+    config = parse_config_bytes(answer.body, described_as=f"{described_as} ({CONFIG_FILENAME})")
+    snapshot = hub_cache.store_config(
+        cache_dir,
+        repo_id,
+        revision=requested_revision,
+        commit=commit,
+        etag=etag,
+        data=answer.body,
+    )
+    return LoadedConfig(config, "hub", repo_id, snapshot, requested_revision, None, commit)
+
+
+def _load_cached(repo_id: str, revision: str, path: Path, *, note: str | None) -> LoadedConfig:
+    config = read_config_file(path, described_as=f"{repo_id}@{revision} (HF cache)")
+    commit = path.parent.name if path.parent.parent.name == "snapshots" else None
+    return LoadedConfig(config, "hub", repo_id, path, revision, note, commit)
+
+
+def _error_for_status(answer, repo_id, revision, token_name, token) -> None | str:
+    """None for a 2xx answer; a reason string when the Hub is down (5xx, 408, 429: the
+    caller answers from the cache or a bundled card); else raises the CardError the
+    Hub's status and `X-Error-Code` mean (as `huggingface_hub.hf_raise_for_status`)."""
+    status = answer.status
+    if 200 <= status < 300:
+        return None
     shown_revision = revision or "main"
+    error_code = answer.headers.get("x-error-code")
+    server_message = one_line(answer.headers.get("x-error-message", ""), (token,))[:200]
     token_hint = (
-        "check that the token has access"
+        f"check that the token ({token_name}) has access"
         if token
         else "log in with `hf auth login`, set HF_TOKEN or pass --token"
     )
     bundled_hint = ""
     if bundled.bundled_config_path(repo_id) is not None:
         bundled_hint = f" (a bundled snapshot is available: bundled:{repo_id})"
-
-    # GatedRepoError subclasses RepositoryNotFoundError: test it first.
-    if isinstance(error, GatedRepoError):
-        return GatedRepositoryError(
+    about = dict(model_id=repo_id, revision=shown_revision)
+    if (
+        status == 401
+        and token
+        and (
+            error_code not in ("GatedRepo", "RepoNotFound")
+            or server_message == _INVALID_CREDENTIALS
+        )
+    ):
+        raise InvalidTokenError(
+            f"{repo_id}: the Hub rejected the token ({token_name}) with HTTP 401"
+            f"{': ' + server_message if server_message else ''}; it may be revoked or mistyped: "
+            "create a new one at https://huggingface.co/settings/tokens",
+            **about,
+        )
+    if error_code == "GatedRepo":
+        raise GatedRepositoryError(
             f"{repo_id}: gated repository, access needs a token from an account that accepted "
-            f"its conditions on the Hub; {token_hint}{bundled_hint}"
+            f"its conditions on the Hub; {token_hint}{bundled_hint}",
+            **about,
         )
-    if isinstance(error, HfRepositoryNotFoundError):
-        return RepositoryNotFoundError(
-            f"{repo_id}: repository not found on the Hub (if it is private, {token_hint}); "
-            f"check the model id{bundled_hint}"
-        )
-    if isinstance(error, HfRevisionNotFoundError):
-        return RevisionNotFoundError(
+    if error_code == "RevisionNotFound":
+        raise RevisionNotFoundError(
             f"{repo_id}: revision {shown_revision!r} not found; pass an existing branch, tag or "
-            "commit hash with --revision"
+            "commit hash with --revision",
+            **about,
         )
-    if isinstance(error, LocalEntryNotFoundError):
-        # Raised when the metadata request failed for a network reason and nothing is cached.
-        cause = error.__cause__
-        if isinstance(cause, OfflineModeIsEnabled):
-            return "offline mode is on and config.json is not in the HF cache"
-        if cause is not None:
-            return f"the Hub could not be reached ({_describe_network_error(cause)})"
-        return "the Hub could not be reached and config.json is not in the HF cache"
-    if isinstance(error, EntryNotFoundError):
-        return ConfigFileNotFoundError(
+    if error_code == "EntryNotFound":
+        raise ConfigFileNotFoundError(
             f"{repo_id}@{shown_revision}: the repository has no {CONFIG_FILENAME}; "
             "it may hold a non-transformers model (GGUF, adapters, ...) - point at a repo "
-            "or local directory that has one"
+            "or local directory that has one",
+            **about,
         )
-    if isinstance(error, OfflineModeIsEnabled):
-        return "offline mode is on (HF_HUB_OFFLINE) and config.json is not in the HF cache"
-    if isinstance(error, _network_error_types()):
-        return f"the Hub could not be reached ({_describe_network_error(error)})"
-    if isinstance(error, HfHubHTTPError):
-        status = error.response.status_code if error.response is not None else None
-        if status in (401, 403):
-            return GatedRepositoryError(
-                f"{repo_id}: the Hub refused access (HTTP {status}); {token_hint}{bundled_hint}"
-            )
-        if status is not None and (status >= 500 or status in (408, 429)):
-            return f"the Hub answered HTTP {status}"
-        return CardError(
-            f"{repo_id}@{shown_revision}: the Hub answered HTTP {status} for {CONFIG_FILENAME}: "
-            f"{_first_line(error)}"
+    if error_code == "RepoNotFound" or status == 401:
+        raise RepositoryNotFoundError(
+            f"{repo_id}: repository not found on the Hub (if it is private, {token_hint}); "
+            f"check the model id{bundled_hint}{_did_you_mean(repo_id)}",
+            **about,
         )
-    return None
-
-
-def _network_error_types() -> tuple[type[BaseException], ...]:
-    """Connection and timeout errors of whichever HTTP client huggingface_hub uses.
-
-    huggingface_hub 2.x raises httpx2's, 1.x httpx's and 0.x requests' own classes;
-    only clients already imported (by huggingface_hub) are looked at.
-    """
-    types: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module_name, class_names in (
-        ("httpx2", ("TransportError",)),
-        ("httpx", ("TransportError",)),
-        ("requests", ("ConnectionError", "Timeout")),
-    ):
-        module = sys.modules.get(module_name)
-        types += [getattr(module, name) for name in class_names if hasattr(module, name)]
-    return tuple(types)
-
-
-def _describe_network_error(error: BaseException) -> str:
-    message = _first_line(error)
-    name = type(error).__name__
-    return f"{name}: {message}" if message else name
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    if status == 403:
+        raise GatedRepositoryError(
+            f"{repo_id}: the Hub refused access (HTTP 403); {token_hint}{bundled_hint}", **about
+        )
+    if status >= 500 or status in (408, 429):
+        return f"the Hub answered HTTP {status}"
+    if status == 404:
+        raise RepositoryNotFoundError(
+            f"{repo_id}@{shown_revision}: the endpoint answered HTTP 404 for {CONFIG_FILENAME}"
+            f"{': ' + server_message if server_message else ''}{_did_you_mean(repo_id)}",
+            **about,
+        )
+    raise CardError(
+        f"{repo_id}@{shown_revision}: the Hub answered HTTP {status} for {CONFIG_FILENAME}"
+        f"{': ' + server_message if server_message else ''}",
+        **about,
+    )
 
 
 def _fall_back_to_bundled(repo_id: str, revision: str | None, *, reason: str) -> LoadedConfig:
@@ -473,12 +555,16 @@ def _fall_back_to_bundled(repo_id: str, revision: str | None, *, reason: str) ->
         raise HubUnreachableError(
             f"{repo_id}: {reason}, and keras-mha bundles no card for it; connect to the Hub "
             "(or set HF_ENDPOINT to a mirror) and retry, or pass a local directory holding "
-            "config.json"
+            f"config.json{_did_you_mean(repo_id)}",
+            model_id=repo_id,
+            revision=revision,
         )
     if revision is not None and revision not in ("main", loaded.revision):
         raise HubUnreachableError(
             f"{repo_id}: {reason}; the bundled card is revision {loaded.revision!r}, "
-            f"not {revision!r}; retry online, or drop --revision to use the bundled card"
+            f"not {revision!r}; retry online, or drop --revision to use the bundled card",
+            model_id=repo_id,
+            revision=revision,
         )
     note = f"{reason}; answered from the bundled snapshot"
     if loaded.revision:

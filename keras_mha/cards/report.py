@@ -1,6 +1,6 @@
 """Build the `keras-mha inspect` report (a JSON-ready dict) and render it as text or markdown.
 
-The report's core keys are fixed by DESIGN.md and never change meaning:
+The report's core keys are fixed by the README ("JSON output") and never change meaning:
 
     model, source, model_type,
     attention{kind, num_layers, num_attention_heads, num_key_value_heads, head_dim,
@@ -33,8 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keras_mha.cards import bundled
-from keras_mha.cards.costs import kv_cache_cost, parameter_counts
+from keras_mha.cards import bundled, memory_report
+from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
+from keras_mha.safe_text import visible
 
 # Default context for the KV-cache figures: the model's own context length, capped here so
 # that reports of long-context models stay comparable with the rest.
@@ -105,6 +106,7 @@ def build_report(
     seq_lens: Sequence[int],
     batch: int = 1,
     kv_dtype: str = "bfloat16",
+    memory_request=None,
 ) -> dict:
     """The inspect report for one model, as a JSON-ready dict (keys: see the module docstring).
 
@@ -115,6 +117,9 @@ def build_report(
             holds the last one.
         batch: batch size for the KV-cache figures.
         kv_dtype: KV-cache element type (float32, bfloat16, float16, float8, int8, int4).
+        memory_request: a `memory_report.MemoryRequest` (weights dtype, optimizer, ...,
+            and the memory size for `fits`); defaults when None. `memory` (and `fits`)
+            are computed at `batch` and the last sequence length.
 
     Example:
         >>> from keras_mha.cards.hub import load_config
@@ -135,10 +140,7 @@ def build_report(
 
     counts = parameter_counts(spec)
     count_values = counts.as_dict()
-    kv_by_seq_len = [
-        _kv_cache_entry(kv_cache_cost(spec, seq_len=seq_len, batch=batch, kv_dtype=kv_dtype))
-        for seq_len in seq_lens
-    ]
+    kv_by_seq_len = [_kv_cache_entry(spec, seq_len, batch, kv_dtype) for seq_len in seq_lens]
     kind_counts = spec.layer_kind_counts()
 
     report = {
@@ -173,6 +175,18 @@ def build_report(
         "context_length": context_length(spec),
         "warnings": list(spec.warnings),
     }
+    memory_request = memory_request or memory_report.MemoryRequest()
+    report["memory"] = memory_report.memory_entry(
+        spec, batch=batch, seq_len=seq_lens[-1], kv_dtype=kv_dtype, request=memory_request,
+        counts=counts,
+    )  # fmt: skip
+    if memory_request.memory_bytes is not None:
+        report["fits"] = memory_report.fits_entry(
+            spec, batch=batch, seq_len=seq_lens[-1], kv_dtype=kv_dtype,
+            request=memory_request, context_length=report["context_length"], counts=counts,
+        )  # fmt: skip
+    report["warnings"] += _beyond_context_warnings(seq_lens, report["context_length"])
+    report["warnings"] += memory_report.fits_warnings(report)
     if loaded.source == "bundled":
         provenance = bundled.bundled_source(loaded.model_id)
         report["bundled_card"] = {
@@ -181,12 +195,38 @@ def build_report(
     return report
 
 
-def _kv_cache_entry(cost) -> dict:
-    """The DESIGN keys first, read as attributes (their meaning is fixed), then any extras."""
+def _kv_cache_entry(spec, seq_len: int, batch: int, kv_dtype: str) -> dict:
+    """The contract's keys first, read as attributes (their meaning is fixed), then extras.
+
+    `marginal_bytes_per_token` is what one more token adds to one sequence at this length:
+    `bytes_per_token` while no sliding window is full, less once windows are full.
+    """
+    cost = kv_cache_cost(spec, seq_len=seq_len, batch=batch, kv_dtype=kv_dtype)
     entry = {key: getattr(cost, key) for key in KV_CACHE_KEYS}
     for key, value in cost.as_dict().items():
         entry.setdefault(key, value)
+    entry["marginal_bytes_per_token"] = _marginal_bytes_per_token(cost, spec)
     return entry
+
+
+def _marginal_bytes_per_token(cost, spec) -> int:
+    if not cost.applicable:
+        return 0
+    longer = kv_cache_cost(spec, seq_len=cost.seq_len + 1, batch=1, kv_dtype=cost.dtype)
+    now = sum(layer.elements for layer in cost.layers)
+    grown = sum(layer.elements for layer in longer.layers)
+    return -(-(grown - now) * KV_DTYPE_BITS[cost.dtype] // 8)
+
+
+def _beyond_context_warnings(seq_lens, context: int | None) -> list[str]:
+    if not context:
+        return []
+    return [
+        f"--seq-len {seq_len:,} is beyond the model's context length of {context:,} tokens; "
+        "the figures extrapolate the formulas, the model was not trained that long"
+        for seq_len in dict.fromkeys(seq_lens)
+        if seq_len > context
+    ]
 
 
 # -- human units -------------------------------------------------------------------------------
@@ -265,6 +305,47 @@ def _source_line(report: dict) -> str:
     return ", ".join(words)
 
 
+# -- escaping: strings in a report can come from a stranger's config.json -----------------------
+
+# Markdown characters that could open raw HTML, an entity, a link, a code span, emphasis or a
+# table cell; `_` is left alone (intraword underscores, as in `num_key_value_heads`, are text).
+_MARKDOWN_SPECIAL = str.maketrans({character: f"\\{character}" for character in "\\`*[]<>|&~"})
+
+
+def terminal_text(value) -> str:
+    r"""`value` as text a terminal shows literally: control characters, ANSI escapes, bidi
+    overrides and newlines become visible escapes (`\x1b`, `\u202e`, `\x0a`).
+
+    Example:
+        >>> print(terminal_text("llama\x1b[31m\u202e"))
+        llama\x1b[31m\u202e
+    """
+    return visible(str(value))
+
+
+def markdown_text(value) -> str:
+    r"""`value` as markdown that renders as the same text: no raw HTML, links, code spans or
+    table breaks (backslash, backtick, `*`, `[`, `]`, `<`, `>`, `|`, `&` and `~` are
+    backslash-escaped), no newlines, and control characters shown as escapes.
+
+    Example:
+        >>> print(markdown_text("<b>x</b> | `y`"))
+        \<b\>x\</b\> \| \`y\`
+    """
+    return visible(" ".join(str(value).split())).translate(_MARKDOWN_SPECIAL)
+
+
+def _escaped(value, escape):
+    """A copy of a report with `escape` applied to every string value (keys are ours)."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {key: _escaped(item, escape) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_escaped(item, escape) for item in value]
+    return value
+
+
 # -- renderers ---------------------------------------------------------------------------------
 
 
@@ -280,6 +361,7 @@ def render_table(report: dict) -> str:
         >>> "8,030,261,248" in text
         True
     """
+    report = _escaped(report, terminal_text)
     attention = report["attention"]
     parameters = report["parameters"]
     rows: list[tuple[str, str]] = [
@@ -323,12 +405,12 @@ def render_table(report: dict) -> str:
     lines += ["", f"KV cache ({kv['dtype']}, batch {kv['batch']})"]
     if kv.get("applicable") is False:
         lines.append(f"  none: {kv.get('note') or 'this model keeps no KV cache'}")
-        return "\n".join(lines + _warning_lines(report))
+        return "\n".join(lines + memory_report.memory_table_lines(report) + _warning_lines(report))
     header = ("seq len", "per token", "total", "MHA equivalent", "saving vs MHA")
     table = [header] + [
         (
             f"{entry['seq_len']:,}",
-            format_bytes(entry["bytes_per_token"]),
+            format_bytes(_next_token_bytes(entry)),
             format_bytes(entry["total_bytes"]),
             format_bytes(entry["mha_equivalent_bytes"]),
             _saving(entry),
@@ -344,7 +426,12 @@ def render_table(report: dict) -> str:
         f"{kv['seq_len']:,} tokens"
     )
     lines += [f"  note: {note}" for note in _kv_notes(kv)]
-    return "\n".join(lines + _warning_lines(report))
+    return "\n".join(lines + memory_report.memory_table_lines(report) + _warning_lines(report))
+
+
+def _next_token_bytes(entry: dict) -> int:
+    """What one more token adds at this length (the "per token" column), for one sequence."""
+    return entry.get("marginal_bytes_per_token", entry["bytes_per_token"])
 
 
 def _warning_lines(report: dict) -> list[str]:
@@ -362,6 +449,13 @@ def _kv_notes(kv: dict) -> list[str]:
         )
     if kv.get("note"):
         notes.append(kv["note"])
+    marginal = kv.get("marginal_bytes_per_token")
+    if marginal is not None and marginal != kv["bytes_per_token"]:
+        notes.append(
+            f"per token is what one more token adds at that length: "
+            f"{format_bytes(kv['bytes_per_token'])} while no sliding window is full, "
+            f"{format_bytes(marginal)} at {kv['seq_len']:,} tokens"
+        )
     return notes
 
 
@@ -393,6 +487,7 @@ def render_markdown(report: dict) -> str:
         >>> render_markdown(build_report(loaded, spec, seq_lens=[8192])).splitlines()[0]
         '# meta-llama/Meta-Llama-3-8B'
     """
+    report = _escaped(report, markdown_text)
     attention = report["attention"]
     parameters = report["parameters"]
     kv = report["kv_cache"]
@@ -468,7 +563,7 @@ def render_markdown(report: dict) -> str:
         ]
         for entry in report["kv_cache_by_seq_len"]:
             lines.append(
-                f"| {entry['seq_len']:,} | {format_bytes(entry['bytes_per_token'])} | "
+                f"| {entry['seq_len']:,} | {format_bytes(_next_token_bytes(entry))} | "
                 f"{format_bytes(entry['total_bytes'])} | "
                 f"{format_bytes(entry['mha_equivalent_bytes'])} | {_saving(entry)} |"
             )
@@ -476,6 +571,7 @@ def render_markdown(report: dict) -> str:
         if notes:
             lines += [""] + [f"Note: {note}." for note in notes]
 
+    lines += memory_report.memory_markdown_lines(report)
     lines += ["", "## Source", ""]
     lines.append(f"- model: `{report['model']}` ({_source_line(report)})")
     provenance = report.get("bundled_card") or {}
@@ -505,6 +601,8 @@ __all__ = [
     "default_seq_len",
     "format_bytes",
     "format_count",
+    "markdown_text",
     "render_markdown",
     "render_table",
+    "terminal_text",
 ]

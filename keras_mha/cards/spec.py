@@ -8,6 +8,12 @@ family: head counts, head size, which layers hold full, sliding-window or no
 attention, MLA ranks, MoE sizes, biases, norms, RoPE and soft caps. The cost model
 (`keras_mha.cards.costs`) and the layer rebuilder read only this dataclass.
 
+The spellings, defaults and traits of each family are data
+(`keras_mha.cards.families`, `keras_mha.cards.family_defaults`); every value passes
+through one validation layer (`keras_mha.cards.config_values`): a wrong type, NaN, a
+negative or absurd size, a malformed sub-object or inconsistent fields raise
+`ConfigError` naming the key, the value and what was expected.
+
 When a known family's config leaves a key out, the value transformers' config class
 would use is taken (Gemma 3's multimodal configs, for one, omit the head counts of
 their `text_config`); when that key describes the model's shape, the spec says so in
@@ -30,112 +36,47 @@ Example:
 
 from __future__ import annotations
 
-import copy
-import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_mha.cards.errors import ConfigError
-from keras_mha.cards.family_defaults import (
-    DBRX_ATTN_DEFAULTS,
-    DBRX_FFN_DEFAULTS,
-    FAMILY_DEFAULTS,
-)
+from keras_mha.cards.config_values import ConfigReader, copy_json_config, shown
+from keras_mha.cards.families import FALCON_ALIASES, FAMILIES, read_family
+from keras_mha.cards.family_defaults import FAMILY_DEFAULTS
+from keras_mha.errors import ConfigError
 
 LAYER_KINDS = ("full", "sliding", "none")
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")
 
-# Spellings of the same idea across families, in the order they are tried.
-HEADS_KEYS = (
-    "num_attention_heads",
-    "n_head",
-    "num_heads",
-    "n_heads",
-    "decoder_attention_heads",
-    "encoder_attention_heads",
-)
-KV_HEADS_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
-HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
-LAYERS_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
-VOCAB_KEYS = ("vocab_size", "padded_vocab_size")
-HEAD_DIM_KEYS = ("head_dim", "d_kv")
-INTERMEDIATE_KEYS = (
-    "intermediate_size",
-    "n_inner",
-    "ffn_dim",
-    "d_ff",
-    "ffn_hidden_size",
-    "decoder_ffn_dim",
-)
-MAX_POSITION_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "max_sequence_length",
-    "n_ctx",
-)
-NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
-ACTIVATION_KEYS = (
-    "hidden_act",
-    "hidden_activation",
-    "activation_function",
-    "activation",
-    "dense_act_fn",
-)
-
-# Multimodal wrappers whose `text_config` holds the language model, and the model type a
-# `text_config` without its own `model_type` has.
-_TEXT_MODEL_TYPE_OF_WRAPPER = {"gemma3": "gemma3_text"}
-# Old Falcon checkpoints (remote code) used these model types.
-_FALCON_ALIASES = {"RefinedWebModel": False, "RefinedWeb": True}
-
-# Families whose blocks are "pre-norm attention + gated MLP" (Llama and its descendants).
-_LLAMA_LIKE = frozenset(
-    {
-        "llama",
-        "mistral",
-        "mixtral",
-        "qwen2",
-        "qwen3",
-        "qwen3_moe",
-        "gemma",
-        "gemma2",
-        "gemma3_text",
-        "phi3",
-        "deepseek_v2",
-        "deepseek_v3",
-        "jamba",
-    }
-)
-KNOWN_MODEL_TYPES = frozenset(FAMILY_DEFAULTS) - {"siglip_vision_model"} | {
-    "gemma3",
-    *_FALCON_ALIASES,
+# Multimodal wrappers: the model types their `text_config` and `vision_config` have when
+# they do not say (transformers' `sub_configs_defaults`), and the wrapper's own default
+# of `tie_word_embeddings` (None: LlavaConfig takes the text config's when its own is false).
+MULTIMODAL_WRAPPERS: dict[str, tuple[str, str, bool | None]] = {
+    "gemma3": ("gemma3_text", "siglip_vision_model", True),
+    "llava": ("llama", "clip_vision_model", None),
+    "paligemma": ("gemma", "siglip_vision_model", True),
 }
-
-# `layer_types` strings (transformers' convention) -> the three kinds used here.
-_LAYER_TYPE_KINDS = {
-    "full_attention": "full",
-    "attention": "full",
-    "global": "full",
-    "sliding_attention": "sliding",
-    "local": "sliding",
-    "chunked_attention": "sliding",
-    "linear_attention": "none",
-    "mamba": "none",
-    "conv": "none",
-    "recurrent": "none",
-    "moe": "none",
-    "mlp": "none",
-}
+VISION_TOWERS = ("siglip_vision_model", "clip_vision_model")
+KNOWN_MODEL_TYPES = (
+    frozenset(FAMILIES) - {"generic"} | set(FALCON_ALIASES) | set(MULTIMODAL_WRAPPERS)
+)
 
 
 @dataclass(frozen=True)
 class VisionSpec:
-    """The vision tower of a multimodal model (SigLIP-style ViT) and its projector.
+    """The vision tower of a multimodal model (a SigLIP or CLIP ViT) and its projector.
 
     Only what the parameter count needs: the language model is described by `ModelSpec`.
+
+    Attributes:
+        model_type: "siglip_vision_model" or "clip_vision_model".
+        projector: the wrapper's model type, which decides the projector: "gemma3" (RMS
+            norm and one matrix), "llava" (two linear layers), "paligemma" (one linear).
+        projector_bias: LLaVA's `multimodal_projector_bias`.
+        projector_input_layers: how many vision layers LLaVA's projector concatenates
+            (the length of a `vision_feature_layer` list, else 1).
+        projection_dim: PaliGemma's projector output size.
 
     Example:
         >>> VisionSpec(model_type="siglip_vision_model", hidden_size=1152,
@@ -155,10 +96,13 @@ class VisionSpec:
     patch_size: int
     use_head: bool
     projector: str
+    projector_bias: bool = True
+    projector_input_layers: int = 1
+    projection_dim: int | None = None
 
     @property
     def num_patches(self) -> int:
-        """Number of patch positions (rows of the position embedding)."""
+        """Number of patch positions (CLIP's position table has one more row, its class token)."""
         return (self.image_size // self.patch_size) ** 2
 
 
@@ -226,7 +170,7 @@ class AttentionLayerSpec:
 class ModelSpec:
     """A Hub model described with one vocabulary for every family.
 
-    The first fields are the stable public ones (see DESIGN.md); the rest give the
+    The first fields are the stable public ones (the README's JSON contract); the rest give the
     cost model and the layer rebuilder the detail they need.
 
     Attributes:
@@ -431,101 +375,6 @@ class ModelSpec:
 
 # -- reading the raw dict ---------------------------------------------------------------------
 
-_MISSING = object()
-
-
-class _Reader:
-    """Reads one (sub-)config: first the dict itself, then the family's defaults.
-
-    `where` prefixes key names in messages (e.g. "text_config.") so that errors point at
-    the right place.
-    """
-
-    def __init__(self, config: Mapping, model_type: str, defaults: Mapping, where: str = ""):
-        self.config = config
-        self.model_type = model_type
-        self.defaults = defaults
-        self.where = where
-        self.notes: list[str] = []
-
-    def has(self, key: str) -> bool:
-        return key in self.config
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The config's value (None included), else the family default, else `default`."""
-        if key in self.config:
-            return self.config[key]
-        return self.defaults.get(key, default)
-
-    def first(self, keys: Sequence[str], *, shape: bool = False) -> tuple[str | None, Any]:
-        """(key, value) of the first key holding a non-null value, config first, defaults next.
-
-        With `shape=True` a value taken from the family defaults is noted as a warning.
-        """
-        for key in keys:
-            value = self.config.get(key)
-            if value is not None:
-                return key, value
-        for key in keys:
-            value = self.defaults.get(key)
-            if value is not None:
-                if shape:
-                    self.notes.append(
-                        f"{self.where}{key} is not in the config; used the {self.model_type} "
-                        f"default {value!r}, as transformers does"
-                    )
-                return key, value
-        return None, None
-
-    def require_int(self, keys: Sequence[str], *, what: str, minimum: int = 1) -> int:
-        key, value = self.first(keys, shape=True)
-        if key is None:
-            looked_for = ", ".join(f"{self.where}{k}" for k in keys)
-            raise ConfigError(
-                f"config.json (model_type={self.model_type!r}) has no {what}: looked for "
-                f"{looked_for}"
-            )
-        return self.as_int(key, value, minimum=minimum)
-
-    def optional_int(self, keys: Sequence[str], *, minimum: int = 1) -> int | None:
-        key, value = self.first(keys)
-        return None if key is None else self.as_int(key, value, minimum=minimum)
-
-    def as_int(self, key: str, value: Any, *, minimum: int = 1) -> int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-            raise ConfigError(
-                f"{self.where}{key}={value!r} in config.json (model_type={self.model_type!r}) "
-                f"must be an integer"
-            )
-        if int(value) < minimum:
-            raise ConfigError(
-                f"{self.where}{key}={value!r} in config.json (model_type={self.model_type!r}) "
-                f"must be >= {minimum}"
-            )
-        return int(value)
-
-    def as_float(self, key: str, default: float | None = None) -> float | None:
-        value = self.get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(
-                f"{self.where}{key}={value!r} in config.json (model_type={self.model_type!r}) "
-                f"must be a number"
-            )
-        return float(value)
-
-    def as_bool(self, key: str, default: bool = False) -> bool:
-        value = self.get(key, default)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ConfigError(
-                f"{self.where}{key}={value!r} in config.json (model_type={self.model_type!r}) "
-                f"must be true or false"
-            )
-        return value
-
 
 def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> ModelSpec:
     """Normalise a Hub `config.json` (as a dict) into a `ModelSpec`.
@@ -539,8 +388,9 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
 
     Raises:
         ConfigError: the config is not a JSON object, lacks a key that no spelling
-            provides, or holds a value of the wrong type (the message names the keys
-            looked for and the model type).
+            provides, or holds a value that is not valid (wrong type, not finite, out of
+            range, inconsistent with another field, a malformed sub-object); the message
+            names the key, the value and what was expected.
 
     Example:
         >>> spec = from_config({"model_type": "falcon", "architectures": ["FalconForCausalLM"],
@@ -549,73 +399,82 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
         >>> spec.attention_kind, spec.num_key_value_heads, spec.head_dim
         ('MQA', 1, 64)
     """
-    if not isinstance(config, Mapping):
-        raise ConfigError(
-            f"config must be a JSON object (a dict), got {type(config).__name__}: {config!r:.80}"
-        )
-    # A deep copy: the spec is frozen, so later edits of the caller's dict must not reach it.
-    raw = copy.deepcopy(dict(config))
+    # A checked copy: the spec is frozen, so later edits of the caller's dict must not reach
+    # it; the copy is iterative, so a hostile nesting depth is an error, not a RecursionError.
+    raw = copy_json_config(config)
     model_type = raw.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise ConfigError(f"model_type={model_type!r} in config.json must be a string")
-    model_type = model_type or ""
-    architecture = _architecture(raw)
+    model_type = "" if model_type is None else model_type
+    if not isinstance(model_type, str):
+        raise ConfigError(
+            f"model_type={shown(model_type)} must be a string (config.json)",
+            key="model_type",
+            value=model_type,
+        )
+    top = ConfigReader(raw, model_type=model_type)
+    architecture = _architecture(top)
+    wrapper = MULTIMODAL_WRAPPERS.get(model_type)
     spec_warnings: list[str] = []
 
     # Multimodal wrappers keep the language model in `text_config`.
-    text_config: Mapping = raw
-    text_model_type = model_type
-    where = ""
-    vision = None
-    if isinstance(raw.get("text_config"), Mapping):
-        text_config = raw["text_config"]
-        text_model_type = text_config.get("model_type") or _TEXT_MODEL_TYPE_OF_WRAPPER.get(
-            model_type, model_type
+    text_config, text_model_type, where = raw, model_type, ""
+    if raw.get("text_config") is not None or wrapper:
+        text_config = raw.get("text_config")
+        top.require(
+            isinstance(text_config, Mapping),
+            "text_config",
+            text_config,
+            "must be a JSON object holding the language model's config",
+        )
+        text_model_type = text_config.get("model_type") or (wrapper[0] if wrapper else model_type)
+        top.require(
+            isinstance(text_model_type, str),
+            "text_config.model_type",
+            text_model_type,
+            "must be a string",
         )
         where = "text_config."
 
-    family = _family_of(text_model_type)
-    if family == "generic":
-        shown = text_model_type or "(none)"
+    family = "falcon" if text_model_type in FALCON_ALIASES else text_model_type
+    if family not in FAMILIES or family == "generic":
+        family = "generic"
         message = (
-            f"model_type={shown!r} is not a family keras-mha knows; read with the generic "
-            f"config keys, so the counts may be approximate"
+            f"model_type={text_model_type or '(none)'!r} is not a family keras-mha knows; read "
+            f"with the generic config keys, so the counts may be approximate"
         )
         warnings.warn(message, UserWarning, stacklevel=2)
         spec_warnings.append(message)
-    defaults = FAMILY_DEFAULTS.get(family, {})
-    reader = _Reader(text_config, text_model_type or model_type, defaults, where)
-
-    fields = _READERS.get(family, _read_llama_like)(reader, family)
+    reader = ConfigReader(
+        text_config,
+        model_type=text_model_type or model_type,
+        defaults=FAMILY_DEFAULTS.get(family, {}),
+        where=where,
+    )
+    fields = read_family(reader, FAMILIES[family])
     fields.update(_head_fields(architecture, family, spec_warnings))
-    if isinstance(raw.get("vision_config"), Mapping):
-        vision = _read_vision(raw["vision_config"], model_type)
-        if vision is None:
-            spec_warnings.append(
-                f"vision_config.model_type={raw['vision_config'].get('model_type')!r} is not "
-                f"read; its parameters are not counted"
-            )
+    vision = _read_vision(top, model_type, spec_warnings)
     if where:
-        # The wrapper decides tying for the whole model (Gemma3Config.tie_word_embeddings).
-        tie = raw.get("tie_word_embeddings", fields["tie_word_embeddings"])
-        fields["tie_word_embeddings"] = bool(tie)
+        fields["tie_word_embeddings"] = _wrapper_tie(top, wrapper, fields["tie_word_embeddings"])
 
-    fields.setdefault("is_encoder_decoder", False)
+    num_hidden_layers = fields.pop("num_hidden_layers")
     layer_kinds = fields.pop("layer_kinds")
-    num_hidden_layers = len(layer_kinds)
-    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
-    attention_kind = _attention_kind(heads, kv_heads, fields.get("kv_lora_rank"))
+    sliding_window = fields.pop("sliding_window", None)
+    fields.setdefault("value_head_dim", fields["head_dim"])
+    fields.setdefault("attention_scale", fields["head_dim"] ** -0.5)
+    fields.setdefault("moe_layers", (False,) * num_hidden_layers)
+    fields.setdefault("is_encoder_decoder", False)
+    if fields.get("mamba") is not None:
+        fields["mamba"] = MambaSpec(**fields["mamba"])
+    _check_consistency(reader, fields)
     spec_warnings.extend(reader.notes)
-    spec_warnings.extend(fields.pop("notes", ()))
-    sliding_window = fields.pop("sliding_window") if "sliding" in layer_kinds else None
-    fields.pop("sliding_window", None)
+    spec_warnings.extend(fields.pop("notes"))
+    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
     return ModelSpec(
         model_type=model_type or text_model_type,
         architecture=architecture,
-        attention_kind=attention_kind,
-        num_layers=sum(kind != "none" for kind in layer_kinds),
+        attention_kind=_attention_kind(heads, kv_heads, fields.get("kv_lora_rank")),
+        num_layers=num_hidden_layers - layer_kinds.count("none"),
         num_hidden_layers=num_hidden_layers,
-        sliding_window=sliding_window,
+        sliding_window=sliding_window if "sliding" in layer_kinds else None,
         layer_kinds=layer_kinds,
         warnings=tuple(spec_warnings),
         raw=raw,
@@ -627,19 +486,18 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
     )
 
 
-def _architecture(raw: Mapping) -> str | None:
-    architectures = raw.get("architectures")
-    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
-        return architectures[0]
-    return None
-
-
-def _family_of(model_type: str) -> str:
-    if model_type in _FALCON_ALIASES:
-        return "falcon"
-    if model_type in FAMILY_DEFAULTS and model_type != "siglip_vision_model":
-        return model_type
-    return "generic"
+def _architecture(top: ConfigReader) -> str | None:
+    """`architectures[0]`: the class transformers instantiates (None when not given)."""
+    architectures = top.config.get("architectures")
+    if architectures is None or architectures == []:
+        return None
+    top.require(
+        isinstance(architectures, list) and isinstance(architectures[0], str),
+        "architectures",
+        architectures,
+        "must be a list of class names (e.g. ['LlamaForCausalLM'])",
+    )
+    return architectures[0]
 
 
 def _attention_kind(heads: int, kv_heads: int, kv_lora_rank: int | None) -> str:
@@ -652,749 +510,103 @@ def _attention_kind(heads: int, kv_heads: int, kv_lora_rank: int | None) -> str:
     return "GQA"
 
 
-def _check_heads(reader: _Reader, heads: int, kv_heads: int) -> None:
-    if heads % kv_heads:
-        raise ConfigError(
-            f"{reader.where}num_key_value_heads={kv_heads} must divide "
-            f"num_attention_heads={heads} (model_type={reader.model_type!r})"
-        )
+def _check_consistency(reader: ConfigReader, fields: dict) -> None:
+    """Cross-field checks, after every field was read and checked on its own."""
+    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
+    heads_key = reader.found["num_attention_heads"]
+    kv_key = reader.found.get("num_key_value_heads", "num_key_value_heads")
+    reader.require(
+        kv_heads <= heads and heads % kv_heads == 0,
+        kv_key,
+        kv_heads,
+        f"must divide {heads_key}={heads} (each KV head serves a whole group of query heads)",
+    )
+    if any(fields["moe_layers"]):
+        for name in ("num_experts", "moe_intermediate_size"):
+            reader.require(
+                fields.get(name) is not None, name, fields.get(name), "must be set for MoE layers"
+            )
 
 
-def _head_dim(reader: _Reader, hidden: int, heads: int) -> int:
-    key, explicit = reader.first(HEAD_DIM_KEYS, shape=True)
-    if explicit is not None:
-        return reader.as_int(key, explicit)
-    if hidden % heads:
-        raise ConfigError(
-            f"{reader.where}hidden_size={hidden} is not divisible by num_attention_heads={heads} "
-            f"and config.json has no head_dim (model_type={reader.model_type!r})"
-        )
-    return hidden // heads
+def _wrapper_tie(top: ConfigReader, wrapper: tuple | None, text_tie: bool) -> bool:
+    """`tie_word_embeddings` of a multimodal model: the wrapper's config decides."""
+    own = top.flag("tie_word_embeddings", None)
+    if wrapper is not None and wrapper[2] is None:
+        # LlavaConfig.__post_init__: a false (or absent) top-level value takes the text config's.
+        return bool(own) or text_tie
+    if own is not None:
+        return own
+    return wrapper[2] if wrapper is not None else text_tie
 
 
-def _rope_fields(reader: _Reader, theta_keys: Sequence[str] = ("rope_theta",)) -> dict:
-    """RoPE base, partial rotary factor and scaling (`rope_scaling` or `rope_parameters`)."""
-    scaling = reader.get("rope_scaling")
-    parameters = reader.get("rope_parameters")
-    theta = None
-    for key in theta_keys:
-        if reader.get(key) is not None:
-            theta = reader.as_float(key)
-            break
-    factor = 1.0
-    for key in ("partial_rotary_factor", "rotary_pct"):
-        if reader.get(key) is not None:
-            factor = reader.as_float(key)
-            break
-    if isinstance(parameters, Mapping):
-        # transformers >= 5 writes `rope_parameters` (one dict, or one per layer type).
-        flat = parameters.get("full_attention", parameters)
-        if isinstance(flat, Mapping):
-            theta = float(flat.get("rope_theta", theta)) if flat.get("rope_theta") else theta
-            factor = float(flat.get("partial_rotary_factor", factor))
-            if scaling is None and flat.get("rope_type", "default") != "default":
-                scaling = {k: v for k, v in flat.items() if k != "rope_theta"}
-    if scaling is not None and not isinstance(scaling, Mapping):
-        raise ConfigError(
-            f"{reader.where}rope_scaling={scaling!r} (model_type={reader.model_type!r}) "
-            f"must be an object or null"
-        )
-    return {
-        "rope_theta": theta,
-        "partial_rotary_factor": factor,
-        "rope_scaling": dict(scaling) if scaling else None,
-    }
-
-
-def _common_fields(reader: _Reader) -> dict:
-    _, eps = reader.first(NORM_EPS_KEYS)
-    _, act = reader.first(ACTIVATION_KEYS)
-    return {
-        "vocab_size": reader.require_int(VOCAB_KEYS, what="vocabulary size"),
-        "max_position_embeddings": reader.optional_int(MAX_POSITION_KEYS),
-        "norm_eps": float(eps) if isinstance(eps, int | float) else None,
-        "hidden_act": act if isinstance(act, str) else None,
-        "tie_word_embeddings": reader.as_bool("tie_word_embeddings", True),
-    }
-
-
-def _layer_types_kinds(reader: _Reader, num_layers: int) -> tuple[str, ...] | None:
-    """Kinds from an explicit `layer_types` list, or None when the config has none."""
-    layer_types = reader.config.get("layer_types")
-    if layer_types is None:
+def _read_vision(top: ConfigReader, model_type: str, spec_warnings: list[str]) -> VisionSpec | None:
+    """The vision tower of a known multimodal wrapper (LLaVA, PaliGemma, Gemma 3)."""
+    wrapper = MULTIMODAL_WRAPPERS.get(model_type)
+    vision_config = top.config.get("vision_config")
+    if vision_config is None and wrapper is None:
         return None
-    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-        raise ConfigError(
-            f"{reader.where}layer_types must list one entry per layer ({num_layers}), got "
-            f"{layer_types!r:.120} (model_type={reader.model_type!r})"
+    # A wrapper without one would get its config class's default tower: refused, not guessed.
+    top.require(
+        isinstance(vision_config, Mapping),
+        "vision_config",
+        vision_config,
+        "must be a JSON object holding the vision tower's config",
+    )
+    vision_type = vision_config.get("model_type") or (wrapper[1] if wrapper else None)
+    if wrapper is None or vision_type not in VISION_TOWERS:
+        spec_warnings.append(
+            f"vision_config (model_type={vision_type!r}) of a {model_type!r} model is not read; "
+            f"its parameters are not counted"
         )
-    kinds = []
-    for index, layer_type in enumerate(layer_types):
-        kind = _LAYER_TYPE_KINDS.get(layer_type)
-        if kind is None:
-            reader.notes.append(
-                f"{reader.where}layer_types[{index}]={layer_type!r} is not a known layer type; "
-                f"counted as full attention"
-            )
-            kind = "full"
-        kinds.append(kind)
-    return tuple(kinds)
-
-
-def _sliding_window_value(reader: _Reader, keys: Sequence[str] = ("sliding_window",)) -> Any:
-    for key in keys:
-        if reader.get(key) is not None:
-            return reader.as_int(key, reader.get(key))
-    return None
-
-
-def _llama_like_layer_kinds(reader: _Reader, family: str, num_layers: int) -> tuple:
-    """(layer kinds, sliding window) for the Llama-like families."""
-    window = _sliding_window_value(reader, ("sliding_window", "sliding_window_size"))
-    explicit = _layer_types_kinds(reader, num_layers)
-    if family in ("qwen2", "qwen3", "qwen3_moe") and not reader.as_bool("use_sliding_window"):
-        # Qwen ships `sliding_window` in configs that do not use it (use_sliding_window=false).
-        window = None
-    if explicit is not None:
-        if "sliding" in explicit and window is None:
-            raise ConfigError(
-                f"{reader.where}layer_types lists sliding layers but sliding_window is not set "
-                f"(model_type={reader.model_type!r})"
-            )
-        return explicit, window
-    if window is None:
-        return ("full",) * num_layers, None
-    if family in ("qwen2", "qwen3"):
-        # Layers from `max_window_layers` on use the window (transformers' Qwen2Config).
-        first = reader.as_int("max_window_layers", reader.get("max_window_layers"), minimum=0)
-        return tuple("sliding" if i >= first else "full" for i in range(num_layers)), window
-    if family == "gemma2":
-        # Even layers slide, odd layers see everything.
-        return tuple("sliding" if (i + 1) % 2 else "full" for i in range(num_layers)), window
-    if family == "gemma3_text":
-        pattern = reader.as_int("sliding_window_pattern", reader.get("sliding_window_pattern"))
-        return tuple("sliding" if (i + 1) % pattern else "full" for i in range(num_layers)), window
-    if family in ("llama", "gemma", "deepseek_v2", "deepseek_v3", "jamba"):
-        reader.notes.append(
-            f"{reader.where}sliding_window={window} is ignored: {family} models attend to the "
-            f"whole sequence in transformers"
+        return None
+    vision = ConfigReader(
+        vision_config,
+        model_type=vision_type,
+        defaults=FAMILY_DEFAULTS[vision_type],
+        where="vision_config.",
+    )
+    hidden = vision.integer("hidden_size", "width", shape=True)
+    heads = vision.integer("num_attention_heads", "heads", shape=True)
+    vision.require(
+        hidden % heads == 0,
+        "hidden_size",
+        hidden,
+        f"must be divisible by vision_config.num_attention_heads={heads}",
+    )
+    image_size = vision.integer("image_size", "image", shape=True)
+    spec_warnings.extend(vision.notes)
+    feature_layers = top.config.get("vision_feature_layer", -2)
+    if model_type == "llava" and isinstance(feature_layers, list):
+        top.require(
+            0 < len(feature_layers) <= 64 and all(type(index) is int for index in feature_layers),
+            "vision_feature_layer",
+            feature_layers,
+            "must be an integer or a list of up to 64 integers",
         )
-        return ("full",) * num_layers, None
-    return ("sliding",) * num_layers, window
-
-
-def _read_llama_like(reader: _Reader, family: str) -> dict:
-    """Llama and the families built like it (Mistral, Qwen, Gemma, Phi-3, DeepSeek, Jamba)."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    fields["tie_word_embeddings"] = reader.as_bool(
-        "tie_word_embeddings", family in ("gemma", "gemma2", "gemma3_text", "generic")
-    )
-    kv_key, kv_heads = reader.first(KV_HEADS_KEYS, shape=True)
-    kv_heads = heads if kv_heads is None else reader.as_int(kv_key, kv_heads)
-    fields["intermediate_size"] = reader.require_int(
-        INTERMEDIATE_KEYS, what="feed-forward size (intermediate_size)"
-    )
-    fields.update(_rope_fields(reader))
-
-    attention_bias = reader.as_bool("attention_bias", False)
-    q_bias = k_bias = v_bias = o_bias = attention_bias
-    if family == "qwen2":
-        # Qwen2 hard-codes biases on the q/k/v projections and none on o_proj.
-        q_bias = k_bias = v_bias = True
-        o_bias = False
-    if family in ("mistral", "mixtral", "phi3", "jamba"):
-        q_bias = k_bias = v_bias = o_bias = False
-
-    layer_kinds, window = _llama_like_layer_kinds(reader, family, num_layers)
-    notes: list[str] = []
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        q_bias=q_bias,
-        k_bias=k_bias,
-        v_bias=v_bias,
-        o_bias=o_bias,
-        qk_norm="rms" if family in ("qwen3", "qwen3_moe", "gemma3_text") else None,
-        mlp_kind="gated",
-        mlp_bias=reader.as_bool("mlp_bias", False) if family in ("llama", "deepseek_v2") else False,
-        norm_type="rms",
-        norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
-        # Jamba's attention layers apply no position encoding: its Mamba layers
-        # carry the order, although the config inherits rope keys.
-        position_embedding="none" if family == "jamba" else "rope",
-        sliding_window=window,
-        notes=notes,
-    )
-
-    if family in ("deepseek_v2", "deepseek_v3") or reader.get("kv_lora_rank"):
-        fields.update(_mla_fields(reader))
-        kv_heads = heads
-        head_dim = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
-        value_head_dim = fields["v_head_dim"]
-        fields.pop("v_head_dim")
-        # MLA's biases (when attention_bias) sit on q_a_proj (only with a query LoRA),
-        # kv_a_proj_with_mqa and o_proj; q_b_proj, kv_b_proj and a plain q_proj have none.
-        fields["q_bias"] = attention_bias and fields["q_lora_rank"] is not None
-        fields["k_bias"] = attention_bias
-        fields["v_bias"] = False
-    else:
-        head_dim = _head_dim(reader, hidden, heads)
-        value_head_dim = head_dim
-    _check_heads(reader, heads, kv_heads)
-    fields.update(num_key_value_heads=kv_heads, head_dim=head_dim, value_head_dim=value_head_dim)
-
-    scale = head_dim**-0.5
-    if family in ("gemma2", "gemma3_text"):
-        scalar = reader.as_float("query_pre_attn_scalar")
-        fields["query_pre_attn_scalar"] = scalar
-        scale = scalar**-0.5
-        fields["attn_logit_softcapping"] = reader.as_float("attn_logit_softcapping")
-        fields["final_logit_softcapping"] = reader.as_float("final_logit_softcapping")
-    if family == "gemma3_text":
-        fields["rope_local_theta"] = reader.as_float("rope_local_base_freq")
-        if isinstance(reader.get("rope_parameters"), Mapping):
-            local = reader.get("rope_parameters").get("sliding_attention") or {}
-            if local.get("rope_theta") is not None:
-                fields["rope_local_theta"] = float(local["rope_theta"])
-    if fields.get("kv_lora_rank"):
-        scale = _mla_scale(head_dim, fields["rope_scaling"])
-    fields["attention_scale"] = scale
-
-    fields.update(_moe_fields(reader, family, num_layers))
-    if family == "jamba":
-        layer_kinds = _jamba_layer_kinds(reader, num_layers)
-        fields["mamba"] = _mamba_spec(reader, hidden)
-    fields["layer_kinds"] = layer_kinds
-    return fields
-
-
-def _mla_fields(reader: _Reader) -> dict:
-    """DeepSeek's multi-head latent attention ranks."""
-    q_lora_rank = reader.get("q_lora_rank")
-    return {
-        "kv_lora_rank": reader.require_int(("kv_lora_rank",), what="MLA latent rank"),
-        "q_lora_rank": None if q_lora_rank is None else reader.as_int("q_lora_rank", q_lora_rank),
-        "qk_rope_head_dim": reader.require_int(("qk_rope_head_dim",), what="MLA rope head size"),
-        "qk_nope_head_dim": reader.require_int(("qk_nope_head_dim",), what="MLA nope head size"),
-        "v_head_dim": reader.require_int(("v_head_dim",), what="MLA value head size"),
-    }
-
-
-def _mla_scale(qk_head_dim: int, rope_scaling: Mapping | None) -> float:
-    """Softmax scale of MLA: 1/sqrt(qk_head_dim), times mscale^2 under YaRN with mscale_all_dim."""
-    scale = qk_head_dim**-0.5
-    if rope_scaling:
-        mscale_all_dim = rope_scaling.get("mscale_all_dim", 0) or 0
-        factor = rope_scaling.get("factor", 1.0) or 1.0
-        if mscale_all_dim and factor > 1:
-            mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
-            scale *= mscale * mscale
-    return scale
-
-
-def _moe_fields(reader: _Reader, family: str, num_layers: int) -> dict:
-    """Experts, active experts and which layers are MoE (all-false for dense models)."""
-    dense = {"moe_layers": (False,) * num_layers}
-    if family == "mixtral" or (family == "generic" and reader.get("num_local_experts")):
-        experts = reader.as_int("num_local_experts", reader.get("num_local_experts"))
-        return {
-            "num_experts": experts,
-            "num_experts_per_tok": reader.as_int(
-                "num_experts_per_tok", reader.get("num_experts_per_tok")
-            ),
-            "moe_intermediate_size": reader.get("intermediate_size"),
-            "moe_layers": (True,) * num_layers,
-        }
-    if family == "qwen3_moe":
-        experts = reader.as_int("num_experts", reader.get("num_experts"), minimum=0)
-        step = reader.as_int("decoder_sparse_step", reader.get("decoder_sparse_step"))
-        mlp_only = set(reader.get("mlp_only_layers") or [])
-        layers = tuple(
-            i not in mlp_only and experts > 0 and (i + 1) % step == 0 for i in range(num_layers)
+    elif model_type == "llava":
+        top.require(
+            type(feature_layers) is int,
+            "vision_feature_layer",
+            feature_layers,
+            "must be an integer or a list of integers",
         )
-        return {
-            "num_experts": experts,
-            "num_experts_per_tok": reader.as_int(
-                "num_experts_per_tok", reader.get("num_experts_per_tok")
-            ),
-            "moe_intermediate_size": reader.as_int(
-                "moe_intermediate_size", reader.get("moe_intermediate_size")
-            ),
-            "moe_layers": layers,
-        }
-    if family in ("deepseek_v2", "deepseek_v3"):
-        experts = reader.get("n_routed_experts")
-        if not experts:
-            return dense
-        experts = reader.as_int("n_routed_experts", experts)
-        first_dense = reader.as_int(
-            "first_k_dense_replace", reader.get("first_k_dense_replace", 0), minimum=0
-        )
-        frequency = reader.as_int("moe_layer_freq", reader.get("moe_layer_freq", 1))
-        moe_size = reader.as_int("moe_intermediate_size", reader.get("moe_intermediate_size"))
-        shared = reader.as_int("n_shared_experts", reader.get("n_shared_experts") or 0, minimum=0)
-        top_k = reader.get("num_experts_per_tok")
-        return {
-            "num_experts": experts,
-            "num_experts_per_tok": None
-            if top_k is None
-            else reader.as_int("num_experts_per_tok", top_k),
-            "moe_intermediate_size": moe_size,
-            "num_shared_experts": shared,
-            "shared_expert_intermediate_size": moe_size * shared if shared else None,
-            "moe_layers": tuple(i >= first_dense and i % frequency == 0 for i in range(num_layers)),
-        }
-    if family == "jamba":
-        experts = reader.as_int("num_experts", reader.get("num_experts"))
-        period = reader.as_int("expert_layer_period", reader.get("expert_layer_period"))
-        offset = reader.as_int("expert_layer_offset", reader.get("expert_layer_offset"), minimum=0)
-        return {
-            "num_experts": experts if experts > 1 else None,
-            "num_experts_per_tok": reader.as_int(
-                "num_experts_per_tok", reader.get("num_experts_per_tok")
-            ),
-            "moe_intermediate_size": reader.get("intermediate_size"),
-            "moe_layers": tuple(experts > 1 and i % period == offset for i in range(num_layers)),
-        }
-    return dense
-
-
-def _jamba_layer_kinds(reader: _Reader, num_layers: int) -> tuple[str, ...]:
-    explicit = _layer_types_kinds(reader, num_layers)
-    if explicit is not None:
-        return explicit
-    period = reader.as_int("attn_layer_period", reader.get("attn_layer_period"))
-    offset = reader.as_int("attn_layer_offset", reader.get("attn_layer_offset"), minimum=0)
-    if offset >= period:
-        raise ConfigError(
-            f"attn_layer_offset={offset} must be smaller than attn_layer_period={period} "
-            f"(model_type={reader.model_type!r})"
-        )
-    return tuple("full" if i % period == offset else "none" for i in range(num_layers))
-
-
-def _mamba_spec(reader: _Reader, hidden: int) -> MambaSpec:
-    expand = reader.as_int("mamba_expand", reader.get("mamba_expand"))
-    dt_rank = reader.get("mamba_dt_rank")
-    dt_rank = (
-        math.ceil(hidden / 16) if dt_rank == "auto" else reader.as_int("mamba_dt_rank", dt_rank)
-    )
-    return MambaSpec(
-        d_state=reader.as_int("mamba_d_state", reader.get("mamba_d_state")),
-        d_conv=reader.as_int("mamba_d_conv", reader.get("mamba_d_conv")),
-        expand=expand,
-        dt_rank=dt_rank,
-        inner_size=expand * hidden,
-        conv_bias=reader.as_bool("mamba_conv_bias", True),
-        proj_bias=reader.as_bool("mamba_proj_bias", False),
-        inner_layernorms=True,
-    )
-
-
-def _read_gpt2_like(reader: _Reader, family: str) -> dict:
-    """GPT-2 and GPTBigCode (StarCoder): learned positions, fused c_attn, biases everywhere."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    head_dim = _head_dim(reader, hidden, heads)
-    kv_heads = heads
-    if family == "gpt_bigcode" and reader.as_bool("multi_query", True):
-        kv_heads = 1
-    inner = reader.optional_int(("n_inner",)) or 4 * hidden
-    positions = reader.require_int(("n_positions", "max_position_embeddings"), what="positions")
-    scale = head_dim**-0.5 if reader.as_bool("scale_attn_weights", True) else 1.0
-    fields.update(
+    return VisionSpec(
+        model_type=vision_type,
         hidden_size=hidden,
+        intermediate_size=vision.integer("intermediate_size", "width", shape=True),
+        num_layers=vision.integer("num_hidden_layers", "layers", shape=True),
         num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        q_bias=True,
-        k_bias=True,
-        v_bias=True,
-        o_bias=True,
-        attention_scale=scale,
-        intermediate_size=inner,
-        mlp_kind="plain",
-        mlp_bias=True,
-        norm_type="layer",
-        norm_bias=True,
-        norms_per_layer=2,
-        position_embedding="learned",
-        learned_position_rows=positions,
-        learned_position_tables=1,
-        rope_theta=None,
-        layer_kinds=("full",) * num_layers,
-        moe_layers=(False,) * num_layers,
+        num_channels=vision.integer("num_channels", "image"),
+        image_size=image_size,
+        patch_size=vision.integer("patch_size", "image", high=image_size, shape=True),
+        use_head=vision_type == "siglip_vision_model" and vision.flag("vision_use_head", True),
+        projector=model_type,
+        projector_bias=top.flag("multimodal_projector_bias", True),
+        projector_input_layers=len(feature_layers) if isinstance(feature_layers, list) else 1,
+        projection_dim=top.integer("projection_dim", "width", default=2048)
+        if model_type == "paligemma"
+        else None,
     )
-    return fields
-
-
-def _read_gpt_neox(reader: _Reader, family: str) -> dict:
-    """GPT-NeoX (Pythia): fused query_key_value, partial rotary, LayerNorms with bias."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    fields["tie_word_embeddings"] = reader.as_bool("tie_word_embeddings", False)
-    fields.update(_rope_fields(reader, ("rope_theta", "rotary_emb_base")))
-    head_dim = _head_dim(reader, hidden, heads)
-    bias = reader.as_bool("attention_bias", True)
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        q_bias=bias,
-        k_bias=bias,
-        v_bias=bias,
-        o_bias=bias,
-        attention_scale=head_dim**-0.5,
-        intermediate_size=reader.require_int(("intermediate_size",), what="feed-forward size"),
-        mlp_kind="plain",
-        mlp_bias=True,
-        norm_type="layer",
-        norm_bias=True,
-        norms_per_layer=2,
-        position_embedding="rope",
-        layer_kinds=("full",) * num_layers,
-        moe_layers=(False,) * num_layers,
-    )
-    return fields
-
-
-def _read_falcon(reader: _Reader, family: str) -> dict:
-    """Falcon: MQA (`multi_query`) or grouped KV (`new_decoder_architecture` + `num_kv_heads`)."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    if reader.has("new_decoder_architecture") or reader.model_type not in _FALCON_ALIASES:
-        new_architecture = reader.as_bool("new_decoder_architecture", False)
-    else:
-        # Remote-code Falcon configs: "RefinedWeb" (40B) had the new architecture.
-        new_architecture = _FALCON_ALIASES[reader.model_type]
-    if new_architecture:
-        _, kv_heads = reader.first(("num_kv_heads", "n_head_kv", "num_key_value_heads"))
-        kv_heads = heads if kv_heads is None else reader.as_int("num_kv_heads", kv_heads)
-    elif reader.as_bool("multi_query", True):
-        kv_heads = 1
-    else:
-        kv_heads = heads
-    head_dim = _head_dim(reader, hidden, heads)
-    _check_heads(reader, heads, kv_heads)
-    bias = reader.as_bool("bias", False)
-    if reader.as_bool("parallel_attn", True):
-        norms = reader.get("num_ln_in_parallel_attn")
-        norms = 2 if norms is None and new_architecture else (norms or 1)
-    else:
-        norms = 2
-    alibi = reader.as_bool("alibi", False)
-    fields.update(_rope_fields(reader))
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        q_bias=bias,
-        k_bias=bias,
-        v_bias=bias,
-        o_bias=bias,
-        attention_scale=head_dim**-0.5,
-        intermediate_size=reader.optional_int(("ffn_hidden_size",)) or 4 * hidden,
-        mlp_kind="plain",
-        mlp_bias=bias,
-        norm_type="layer",
-        norm_bias=True,
-        norms_per_layer=norms,
-        position_embedding="alibi" if alibi else "rope",
-        layer_kinds=("full",) * num_layers,
-        moe_layers=(False,) * num_layers,
-    )
-    if alibi:
-        fields["rope_theta"] = None
-    return fields
-
-
-def _read_phi(reader: _Reader, family: str) -> dict:
-    """Phi-1/1.5/2: partial rotary, biases everywhere, one LayerNorm per block, biased LM head."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    fields["tie_word_embeddings"] = reader.as_bool("tie_word_embeddings", False)
-    _, kv_heads = reader.first(KV_HEADS_KEYS)
-    kv_heads = heads if kv_heads is None else reader.as_int("num_key_value_heads", kv_heads)
-    head_dim = _head_dim(reader, hidden, heads)
-    _check_heads(reader, heads, kv_heads)
-    fields.update(_rope_fields(reader))
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        q_bias=True,
-        k_bias=True,
-        v_bias=True,
-        o_bias=True,
-        qk_norm="layer" if reader.as_bool("qk_layernorm", False) else None,
-        attention_scale=head_dim**-0.5,
-        intermediate_size=reader.require_int(("intermediate_size",), what="feed-forward size"),
-        mlp_kind="plain",
-        mlp_bias=True,
-        norm_type="layer",
-        norm_bias=True,
-        norms_per_layer=1,
-        lm_head_bias=True,
-        position_embedding="rope",
-        layer_kinds=("full",) * num_layers,
-        moe_layers=(False,) * num_layers,
-    )
-    return fields
-
-
-def _read_opt(reader: _Reader, family: str) -> dict:
-    """OPT: learned positions with an offset of 2 rows, optional embedding projection."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    head_dim = _head_dim(reader, hidden, heads)
-    bias = reader.as_bool("enable_bias", True)
-    projection = reader.optional_int(("word_embed_proj_dim",)) or hidden
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        q_bias=bias,
-        k_bias=bias,
-        v_bias=bias,
-        o_bias=bias,
-        attention_scale=head_dim**-0.5,
-        intermediate_size=reader.require_int(("ffn_dim",), what="feed-forward size (ffn_dim)"),
-        mlp_kind="plain",
-        mlp_bias=bias,
-        norm_type="layer",
-        norm_bias=True,
-        norm_affine=reader.as_bool("layer_norm_elementwise_affine", True),
-        norms_per_layer=2,
-        final_norms=1 if reader.as_bool("do_layer_norm_before", True) else 0,
-        position_embedding="learned",
-        # OPT's position table has two extra rows (positions start at offset 2).
-        learned_position_rows=reader.require_int(MAX_POSITION_KEYS, what="positions") + 2,
-        learned_position_tables=1,
-        word_embed_proj_dim=projection,
-        rope_theta=None,
-        layer_kinds=("full",) * num_layers,
-        moe_layers=(False,) * num_layers,
-    )
-    return fields
-
-
-def _read_bert(reader: _Reader, family: str) -> dict:
-    """BERT: encoder-only, learned absolute positions and token types, post-norm."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    head_dim = _head_dim(reader, hidden, heads)
-    position_type = reader.get("position_embedding_type", "absolute")
-    if position_type not in (None, "absolute"):
-        fields.setdefault("notes", []).append(
-            f"position_embedding_type={position_type!r} is counted as absolute positions"
-        )
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        q_bias=True,
-        k_bias=True,
-        v_bias=True,
-        o_bias=True,
-        attention_scale=head_dim**-0.5,
-        intermediate_size=reader.require_int(("intermediate_size",), what="feed-forward size"),
-        mlp_kind="plain",
-        mlp_bias=True,
-        norm_type="layer",
-        norm_bias=True,
-        norms_per_layer=2,
-        final_norms=0,
-        embedding_norms=1,
-        position_embedding="learned",
-        learned_position_rows=reader.require_int(MAX_POSITION_KEYS, what="positions"),
-        learned_position_tables=1,
-        token_type_vocab_size=reader.optional_int(("type_vocab_size",), minimum=0) or 0,
-        rope_theta=None,
-        is_decoder=reader.as_bool("is_decoder", False),
-        layer_kinds=("full",) * num_layers,
-        moe_layers=(False,) * num_layers,
-    )
-    return fields
-
-
-def _read_t5(reader: _Reader, family: str) -> dict:
-    """T5 / Flan-T5: encoder-decoder, relative position buckets, no biases, RMS norms.
-
-    As in transformers' T5Config, the generic aliases (`hidden_size`, `num_attention_heads`,
-    `num_hidden_layers`, `head_dim`) win over `d_model`, `num_heads`, `num_layers`, `d_kv`.
-    """
-    hidden = reader.require_int(("hidden_size", "d_model"), what="hidden size")
-    heads = reader.require_int(("num_attention_heads", "num_heads"), what="number of heads")
-    encoder_layers = reader.require_int(
-        ("num_hidden_layers", "num_layers"), what="number of encoder layers"
-    )
-    decoder_layers = reader.optional_int(("num_decoder_layers",)) or encoder_layers
-    fields = _common_fields(reader)
-    head_dim = reader.require_int(("head_dim", "d_kv"), what="head size (d_kv)")
-    projection = reader.get("feed_forward_proj", "relu") or "relu"
-    gated = projection.startswith("gated-")
-    d_ff = reader.require_int(("d_ff",), what="feed-forward size (d_ff)")
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        attention_scale=1.0,  # T5 folds the scale into its initialisation
-        relative_attention_num_buckets=reader.optional_int(("relative_attention_num_buckets",)),
-        intermediate_size=d_ff,
-        mlp_kind="gated" if gated else "plain",
-        hidden_act=projection.split("-")[-1],
-        norm_type="rms",
-        norms_per_layer=3,
-        final_norms=2,
-        position_embedding="relative",
-        rope_theta=None,
-        is_encoder_decoder=True,
-        num_encoder_layers=encoder_layers,
-        encoder_attention_heads=heads,
-        encoder_head_dim=head_dim,
-        encoder_intermediate_size=d_ff,
-        encoder_norms_per_layer=2,
-        layer_kinds=("full",) * decoder_layers,
-        moe_layers=(False,) * decoder_layers,
-    )
-    return fields
-
-
-def _read_bart(reader: _Reader, family: str) -> dict:
-    """BART: encoder-decoder, learned positions (offset 2) in each stack, post-norm.
-
-    transformers' BartConfig aliases `hidden_size`, `num_attention_heads` and
-    `num_hidden_layers` to `d_model` and the *encoder's* heads and layers; when a config
-    holds both spellings the generic one wins, so it is read first here too.
-    """
-    hidden = reader.require_int(("hidden_size", "d_model"), what="hidden size")
-    decoder_heads = reader.require_int(("decoder_attention_heads",), what="decoder heads")
-    encoder_heads = reader.require_int(
-        ("num_attention_heads", "encoder_attention_heads"), what="encoder heads"
-    )
-    decoder_layers = reader.require_int(("decoder_layers",), what="number of decoder layers")
-    fields = _common_fields(reader)
-    head_dim = _head_dim(reader, hidden, decoder_heads)
-    rows = reader.require_int(MAX_POSITION_KEYS, what="positions") + 2
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=decoder_heads,
-        num_key_value_heads=decoder_heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        q_bias=True,
-        k_bias=True,
-        v_bias=True,
-        o_bias=True,
-        attention_scale=head_dim**-0.5,
-        intermediate_size=reader.require_int(("decoder_ffn_dim",), what="decoder ffn size"),
-        mlp_kind="plain",
-        mlp_bias=True,
-        norm_type="layer",
-        norm_bias=True,
-        norms_per_layer=3,
-        final_norms=0,
-        embedding_norms=2,
-        position_embedding="learned",
-        learned_position_rows=rows,
-        learned_position_tables=2,
-        rope_theta=None,
-        is_encoder_decoder=True,
-        num_encoder_layers=reader.require_int(
-            ("num_hidden_layers", "encoder_layers"), what="encoder layers"
-        ),
-        encoder_attention_heads=encoder_heads,
-        encoder_head_dim=_head_dim(reader, hidden, encoder_heads),
-        encoder_intermediate_size=reader.require_int(("encoder_ffn_dim",), what="encoder ffn"),
-        encoder_norms_per_layer=2,
-        layer_kinds=("full",) * decoder_layers,
-        moe_layers=(False,) * decoder_layers,
-    )
-    return fields
-
-
-def _read_dbrx(reader: _Reader, family: str) -> dict:
-    """DBRX: nested `attn_config` (kv_n_heads, rope_theta, clip_qkv) and `ffn_config` (MoE)."""
-    hidden = reader.require_int(HIDDEN_KEYS, what="hidden size")
-    heads = reader.require_int(HEADS_KEYS, what="number of attention heads")
-    num_layers = reader.require_int(LAYERS_KEYS, what="number of layers")
-    fields = _common_fields(reader)
-    fields["tie_word_embeddings"] = reader.as_bool("tie_word_embeddings", False)
-    attn = _Reader(
-        reader.get("attn_config") or {}, reader.model_type, DBRX_ATTN_DEFAULTS, "attn_config."
-    )
-    ffn = _Reader(
-        reader.get("ffn_config") or {}, reader.model_type, DBRX_FFN_DEFAULTS, "ffn_config."
-    )
-    kv_heads = attn.as_int("kv_n_heads", attn.get("kv_n_heads"))
-    head_dim = _head_dim(reader, hidden, heads)
-    _check_heads(reader, heads, kv_heads)
-    experts = ffn.as_int("moe_num_experts", ffn.get("moe_num_experts"))
-    ffn_size = ffn.as_int("ffn_hidden_size", ffn.get("ffn_hidden_size"))
-    fields.update(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        value_head_dim=head_dim,
-        attention_scale=head_dim**-0.5,
-        qkv_clip=attn.as_float("clip_qkv"),
-        rope_theta=attn.as_float("rope_theta"),
-        intermediate_size=ffn_size,
-        mlp_kind="gated",
-        norm_type="layer",
-        norm_bias=False,
-        norms_per_layer=2,
-        position_embedding="rope",
-        num_experts=experts,
-        num_experts_per_tok=ffn.as_int("moe_top_k", ffn.get("moe_top_k")),
-        moe_intermediate_size=ffn_size,
-        moe_layers=(True,) * num_layers,
-        layer_kinds=("full",) * num_layers,
-    )
-    return fields
-
-
-_READERS = {
-    "gpt2": _read_gpt2_like,
-    "gpt_bigcode": _read_gpt2_like,
-    "gpt_neox": _read_gpt_neox,
-    "falcon": _read_falcon,
-    "phi": _read_phi,
-    "opt": _read_opt,
-    "bert": _read_bert,
-    "t5": _read_t5,
-    "bart": _read_bart,
-    "dbrx": _read_dbrx,
-}
 
 
 def _head_fields(architecture: str | None, family: str, notes: list[str]) -> dict:
@@ -1419,31 +631,11 @@ def _head_fields(architecture: str | None, family: str, notes: list[str]) -> dic
     return {"head_kind": kind, "pooler": family == "bert" and kind == "base"}
 
 
-def _read_vision(vision_config: Mapping, model_type: str) -> VisionSpec | None:
-    vision_type = vision_config.get("model_type", "siglip_vision_model")
-    if vision_type != "siglip_vision_model":
-        return None
-    reader = _Reader(
-        vision_config, vision_type, FAMILY_DEFAULTS["siglip_vision_model"], "vision_config."
-    )
-    return VisionSpec(
-        model_type=vision_type,
-        hidden_size=reader.require_int(("hidden_size",), what="vision hidden size"),
-        intermediate_size=reader.require_int(("intermediate_size",), what="vision mlp size"),
-        num_layers=reader.require_int(("num_hidden_layers",), what="vision layers"),
-        num_attention_heads=reader.require_int(("num_attention_heads",), what="vision heads"),
-        num_channels=reader.require_int(("num_channels",), what="image channels"),
-        image_size=reader.require_int(("image_size",), what="image size"),
-        patch_size=reader.require_int(("patch_size",), what="patch size"),
-        use_head=reader.as_bool("vision_use_head", True),
-        projector=model_type,
-    )
-
-
 __all__ = [
     "ATTENTION_KINDS",
     "AttentionLayerSpec",
     "LAYER_KINDS",
+    "MULTIMODAL_WRAPPERS",
     "MambaSpec",
     "ModelSpec",
     "VisionSpec",

@@ -1,1 +1,8 @@
-"""Subcommands of the `keras-mha` command line, one module each (`add_parser`, `run`)."""
+"""`keras-mha` subcommands, one module each, exposing `add_parser(subparsers)` and
+`run(arguments) -> int`; `keras_mha.cli` only registers them.
+
+Example:
+    >>> from keras_mha.commands import compare
+    >>> callable(compare.add_parser) and callable(compare.run)
+    True
+"""
