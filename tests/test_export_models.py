@@ -198,8 +198,11 @@ def test_bert_keeps_its_head_count_with_zeroed_heads(checkpoints, tmp_path):
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["num_attention_heads"] == 4 and "head_dim" not in config
     assert summary.heads_zeroed == 2 and summary.kept_heads == 2
-    _, hidden = _transformers_outputs(tmp_path / "out", encoder=True)
+    reference, hidden = _transformers_outputs(tmp_path / "out", encoder=True)
     np.testing.assert_allclose(_keras_outputs(model), hidden, atol=ATOL, rtol=0)
+    # The pooler, which the Keras encoder does not hold, is carried over from the source.
+    source = transformers.AutoModel.from_pretrained(checkpoints["bert"])
+    assert torch.equal(reference.pooler.dense.weight, source.pooler.dense.weight)
 
 
 def test_non_uniform_model_is_refused_and_nothing_is_written(checkpoints, tmp_path):

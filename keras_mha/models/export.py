@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -96,6 +97,12 @@ COPIED_FILES = (
     "config_sentence_transformers.json",
 )
 COPIED_FOLDERS = ("1_Pooling", "2_Normalize")
+
+# Tensors of the source checkpoint that the Keras model does not hold but that do not
+# depend on the heads (BERT's pooler, a masked-LM head): copied into the export as they
+# are, so transformers finds every weight it had. Buffers (rotary caches, position ids)
+# are not weights and stay out.
+_NOT_COPIED = re.compile(r"(inv_freq|position_ids)$")
 
 # Variables of an attention layer indexed by query head / by KV head, and the axis
 # (as in layers/head_surgery).
@@ -395,6 +402,37 @@ def _hub_tensors(model, *, padding=None, dtype_name):
     return tensors
 
 
+def _source_extras(model, written, dtype_name):
+    """Tensors of the source checkpoint the model ignored on load (e.g. BERT's pooler)."""
+    from keras_mha.cards.checkpoint_weights import SafetensorsCheckpoint
+    from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES
+
+    directory = source_directory(model)
+    if directory is None:
+        return {}
+    try:
+        checkpoint = SafetensorsCheckpoint(directory)
+    except Exception:  # The source moved or is gone: nothing to copy.
+        return {}
+    names = FAMILY_WEIGHT_NAMES[model.weight_naming]
+    extras = {}
+    for key in checkpoint.keys():
+        if key in written or not names.is_ignored(key) or _NOT_COPIED.search(key):
+            continue
+        from safetensors import safe_open
+
+        with safe_open(str(checkpoint.file_of(key)), framework="np") as handle:
+            stored = handle.get_slice(key).get_dtype()
+        shape = tuple(int(d) for d in checkpoint.shape_of(key))
+        floating = stored in ("F64", "F32", "F16", "BF16")
+        if not floating and stored not in ("I64", "I32", "BOOL"):
+            continue
+        extras[key] = LazyTensor(
+            shape, dtype_name if floating else stored, lambda key=key: checkpoint.get(key)
+        )
+    return extras
+
+
 def _exported_dtype(model, dtype):
     from keras_mha.pruning import find_attention_layers
 
@@ -521,6 +559,7 @@ def save_pretrained(
         dtype=SAFETENSORS_TO_TORCH_DTYPE[stored_dtype],
     )
     tensors = _hub_tensors(model, padding=padding, dtype_name=stored_dtype)
+    tensors.update(_source_extras(model, set(tensors), stored_dtype))
     source = Path(tokenizer_from) if tokenizer_from is not None else source_directory(model)
     with output_folder(out_dir, overwrite=overwrite, source=source, argument="out_dir") as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
