@@ -68,6 +68,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--methods", default="taylor,ablation,magnitude")
     parser.add_argument("--targets", default="0.25,0.5")
+    parser.add_argument("--latency-runs", type=int, default=10)
     arguments = parser.parse_args(argv)
     directory = minilm_directory()
     text = read_text(directory / "README.md")
@@ -85,6 +86,7 @@ def main(argv=None):
         batch_size=arguments.batch_size,
         sequence_length=data.token_ids.shape[1],
         latency_inputs=latency_inputs,
+        latency_runs=arguments.latency_runs,
     )
     print(
         f"original: {figures['parameters']:,} parameters, latency "
@@ -107,6 +109,7 @@ def main(argv=None):
                 sequence_length=data.token_ids.shape[1],
                 latency_inputs=latency_inputs,
                 reference=reference,
+                latency_runs=arguments.latency_runs,
             )
             with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # zeroed heads: said below
@@ -143,7 +146,7 @@ def main(argv=None):
         f"| original | 0% | 72 | 1.0000 | 1.0000 | {figures['parameters']:,} | "
         f"{figures['latency_ms']:.1f} | — |"
     )
-    for method, target, heads, cosine, low, parameters, latency, gap, zeroed, _ in rows:
+    for method, target, heads, cosine, low, parameters, latency, gap, _, _ in rows:
         print(
             f"| `{method}` | {target:.0%} | {heads} | {cosine:.4f} | {low:.4f} | "
             f"{parameters:,} | {latency:.1f} | {gap:.1e} |"

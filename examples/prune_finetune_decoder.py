@@ -119,8 +119,8 @@ class HeldOutPerplexity(keras.callbacks.Callback):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6, help="training before pruning")
-    parser.add_argument("--finetune-epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=5, help="training before pruning")
+    parser.add_argument("--finetune-epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--fast", action="store_true", help="2 + 2 epochs on a quarter")
     arguments = parser.parse_args(argv)
