@@ -58,7 +58,7 @@ def load_tokenizer(directory, *, argument="SOURCE"):
     except ImportError as error:
         raise MissingDependencyError(
             "--data needs the `tokenizers` package to read the checkpoint's tokenizer.json: "
-            "pip install tokenizers"
+            "pip install 'keras-mha[prune]'"
         ) from error
     path = Path(directory) / TOKENIZER_FILE_NAME
     if not path.is_file():
