@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keras_mha.cards.config_values import ConfigReader, copy_json_config, shown
-from keras_mha.cards.families import FALCON_ALIASES, FAMILIES, read_family
+from keras_mha.cards.families import FAMILIES, read_family
 from keras_mha.cards.family_defaults import FAMILY_DEFAULTS
+from keras_mha.cards.family_rules import FALCON_ALIASES
 from keras_mha.errors import ConfigError
 
 LAYER_KINDS = ("full", "sliding", "none")

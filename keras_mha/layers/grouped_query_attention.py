@@ -11,17 +11,10 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.layers import attention_kernels, masks
-from keras_mha.layers.rotary_embedding import RotaryEmbedding
+from keras_mha.layers import attention_kernels, masks, validation
+from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
-
-def _positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        expected = "a positive integer or None" if allow_none else "a positive integer"
-        raise ValueError(f"`{name}` must be {expected}; received {value!r}.")
-    return int(value)
+_positive_int = validation.positive_int
 
 
 def _propagated_mask(tensor):
@@ -170,34 +163,30 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.head_dim = _positive_int("head_dim", head_dim, allow_none=True)
         self.output_dim = _positive_int("output_dim", output_dim, allow_none=True)
         self.sliding_window = _positive_int("sliding_window", sliding_window, allow_none=True)
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1); received {dropout!r}.")
-        if logit_soft_cap is not None and not logit_soft_cap > 0:
-            raise ValueError(
-                f"`logit_soft_cap` must be positive or None; received {logit_soft_cap!r}."
-            )
-        if attention_scale is not None and not attention_scale > 0:
-            raise ValueError(
-                f"`attention_scale` must be positive or None; received {attention_scale!r}."
-            )
-        if flash_attention not in (None, True, False):
+        if flash_attention is not None and not isinstance(flash_attention, bool):
             raise ValueError(
                 f"`flash_attention` must be None, True or False; received {flash_attention!r}."
             )
-        if not qk_norm_epsilon > 0:
-            raise ValueError(f"`qk_norm_epsilon` must be positive; received {qk_norm_epsilon!r}.")
-        self.dropout = float(dropout)
-        self.use_bias = bool(use_bias)
-        self.use_output_bias = self.use_bias if use_output_bias is None else bool(use_output_bias)
-        self.causal = bool(causal)
-        self.use_rope = bool(use_rope)
-        self.rope_theta = float(rope_theta)
-        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.dropout = validation.finite_number("dropout", dropout, at_least=0, below=1)
+        self.use_bias = validation.flag("use_bias", use_bias)
+        use_output_bias = validation.flag("use_output_bias", use_output_bias, allow_none=True)
+        self.use_output_bias = self.use_bias if use_output_bias is None else use_output_bias
+        self.causal = validation.flag("causal", causal)
+        self.use_rope = validation.flag("use_rope", use_rope)
+        self.rope_theta = validation.finite_number("rope_theta", rope_theta, above=0)
+        self.partial_rotary_factor = validation.finite_number(
+            "partial_rotary_factor", partial_rotary_factor, above=0, at_most=1
+        )
+        check_rope_scaling(rope_scaling)
         self.rope_scaling = dict(rope_scaling) if rope_scaling is not None else None
-        self.use_qk_norm = bool(use_qk_norm)
-        self.qk_norm_epsilon = float(qk_norm_epsilon)
-        self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
-        self.attention_scale = None if attention_scale is None else float(attention_scale)
+        self.use_qk_norm = validation.flag("use_qk_norm", use_qk_norm)
+        self.qk_norm_epsilon = validation.finite_number("qk_norm_epsilon", qk_norm_epsilon, above=0)
+        self.logit_soft_cap = validation.finite_number(
+            "logit_soft_cap", logit_soft_cap, above=0, allow_none=True
+        )
+        self.attention_scale = validation.finite_number(
+            "attention_scale", attention_scale, above=0, allow_none=True
+        )
         self.flash_attention = flash_attention
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -218,9 +207,6 @@ class GroupedQueryAttention(keras.layers.Layer):
             if self.use_rope
             else None
         )
-        if self.use_rope:
-            # Validate the RoPE width now rather than at the first call.
-            RotaryEmbedding(self.rope_theta, self.partial_rotary_factor, self.rope_scaling)
 
     @property
     def num_query_groups(self):
@@ -251,6 +237,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
+        validation.check_input_shapes(query_shape, value_shape, key_shape)
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         query_features = query_shape[-1]
@@ -313,16 +300,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         return ops.cast(x * ops.cast(scale, "float32"), heads.dtype)
 
     def _check_features(self, name, tensor, expected):
+        validation.check_rank(name, tensor.shape)
         features = tensor.shape[-1]
         if features is not None and expected is not None and features != expected:
             raise ValueError(
                 f"`{name}` has {features} features (shape {tuple(tensor.shape)}) but the layer "
                 f"was built for {expected}."
-            )
-        if len(tensor.shape) != 3:
-            raise ValueError(
-                f"`{name}` must have rank 3 (batch, length, features); received shape "
-                f"{tuple(tensor.shape)}."
             )
 
     def _cache_shape(self, batch_size, max_length):
@@ -421,6 +404,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         if key_mask is None and key is not value:
             key_mask = _propagated_mask(key)
 
+        validation.check_call_inputs(query, value, key)
         self._check_features("query", query, self._query_features)
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
 
@@ -559,6 +543,7 @@ class GroupedQueryAttention(keras.layers.Layer):
 
     # ---------------------------------------------------------------- shapes
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        validation.check_input_shapes(query_shape, value_shape, key_shape)
         output_dim = self.output_dim or query_shape[-1]
         return (*query_shape[:-1], output_dim)
 
@@ -578,7 +563,14 @@ class GroupedQueryAttention(keras.layers.Layer):
         key_mask=None,
         mask=None,
     ):
-        output = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
+        output = keras.KerasTensor(
+            self.compute_output_shape(
+                query.shape,
+                None if value is None else value.shape,
+                None if key is None else key.shape,
+            ),
+            dtype=self.compute_dtype,
+        )
         results = [output]
         if return_attention_scores:
             if cache is not None:

@@ -12,7 +12,23 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mha.layers import validation
+
 ROPE_SCALING_TYPES = ("default", "linear", "llama3")
+
+# The fields each scaling type needs, and what each must be. Other keys (for
+# example `rope_theta`, which transformers 5 puts in `rope_parameters`) are ignored.
+_POSITIVE_NUMBER, _POSITIVE_INTEGER = "a finite number > 0", "a positive integer"
+ROPE_SCALING_FIELDS = {
+    "default": {},
+    "linear": {"factor": _POSITIVE_NUMBER},
+    "llama3": {
+        "factor": _POSITIVE_NUMBER,
+        "low_freq_factor": _POSITIVE_NUMBER,
+        "high_freq_factor": _POSITIVE_NUMBER,
+        "original_max_position_embeddings": _POSITIVE_INTEGER,
+    },
+}
 
 
 def _scaling_type(rope_scaling):
@@ -24,20 +40,53 @@ def _scaling_type(rope_scaling):
             f"'factor': 2.0}}; received {rope_scaling!r}."
         )
     kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    if kind not in ROPE_SCALING_TYPES:
+    legacy = rope_scaling.get("type", kind)
+    if legacy != kind:
+        raise ValueError(
+            f"`rope_scaling` has 'rope_type'={kind!r} and 'type'={legacy!r}; expected one "
+            "type (or both the same)."
+        )
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_TYPES:
         raise ValueError(
             f"`rope_scaling` type {kind!r} is not supported; expected one of {ROPE_SCALING_TYPES}."
         )
     return kind
 
 
-def _require(rope_scaling, key):
-    if key not in rope_scaling:
+def check_rope_scaling(rope_scaling):
+    """Validate a Hugging Face `rope_scaling` dict; returns `(type, {field: value})`.
+
+    Every field the type needs must be there: factors finite numbers > 0 (not
+    bools or strings), `original_max_position_embeddings` a positive integer,
+    and for `llama3` `high_freq_factor` > `low_freq_factor` (the smoothing
+    divides by their difference).
+
+    Example:
+        >>> check_rope_scaling({"rope_type": "linear", "factor": 2})
+        ('linear', {'factor': 2.0})
+        >>> check_rope_scaling({"rope_type": "linear", "factor": float("nan")})
+        Traceback (most recent call last):
+        ValueError: `rope_scaling['factor']` must be a finite number > 0; received nan.
+    """
+    kind = _scaling_type(rope_scaling)
+    fields = {}
+    for key, expected in ROPE_SCALING_FIELDS[kind].items():
+        if key not in rope_scaling:
+            raise ValueError(
+                f"`rope_scaling` of type {kind!r} needs the key {key!r} ({expected}); "
+                f"received {rope_scaling!r}."
+            )
+        name = f"rope_scaling[{key!r}]"
+        if expected == _POSITIVE_INTEGER:
+            fields[key] = validation.positive_int(name, rope_scaling[key])
+        else:
+            fields[key] = validation.finite_number(name, rope_scaling[key], above=0)
+    if kind == "llama3" and not fields["high_freq_factor"] > fields["low_freq_factor"]:
         raise ValueError(
-            f"`rope_scaling` of type {_scaling_type(rope_scaling)!r} needs the key "
-            f"{key!r}; received {rope_scaling!r}."
+            f"`rope_scaling['high_freq_factor']`={rope_scaling['high_freq_factor']!r} must be "
+            f"greater than `rope_scaling['low_freq_factor']`={rope_scaling['low_freq_factor']!r}."
         )
-    return float(rope_scaling[key])
+    return kind, fields
 
 
 def inverse_frequencies(rotary_dim, max_wavelength=10000.0, rope_scaling=None):
@@ -51,16 +100,16 @@ def inverse_frequencies(rotary_dim, max_wavelength=10000.0, rope_scaling=None):
         >>> inverse_frequencies(8, 10000.0).round(4).tolist()
         [1.0, 0.1, 0.01, 0.001]
     """
-    kind = _scaling_type(rope_scaling)
+    kind, fields = check_rope_scaling(rope_scaling)
     exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
     inv_freq = 1.0 / (float(max_wavelength) ** exponents)
     if kind == "linear":
-        inv_freq = inv_freq / _require(rope_scaling, "factor")
+        inv_freq = inv_freq / fields["factor"]
     elif kind == "llama3":
-        factor = _require(rope_scaling, "factor")
-        low_freq_factor = _require(rope_scaling, "low_freq_factor")
-        high_freq_factor = _require(rope_scaling, "high_freq_factor")
-        original_length = _require(rope_scaling, "original_max_position_embeddings")
+        factor = fields["factor"]
+        low_freq_factor = fields["low_freq_factor"]
+        high_freq_factor = fields["high_freq_factor"]
+        original_length = fields["original_max_position_embeddings"]
         low_freq_wavelength = original_length / low_freq_factor
         high_freq_wavelength = original_length / high_freq_factor
         wavelength = 2 * math.pi / inv_freq
@@ -107,15 +156,11 @@ class RotaryEmbedding(keras.layers.Layer):
         self, max_wavelength=10000.0, partial_rotary_factor=1.0, rope_scaling=None, **kwargs
     ):
         super().__init__(**kwargs)
-        if not max_wavelength > 0:
-            raise ValueError(f"`max_wavelength` must be positive; received {max_wavelength}.")
-        if not 0.0 < partial_rotary_factor <= 1.0:
-            raise ValueError(
-                f"`partial_rotary_factor` must be in (0, 1]; received {partial_rotary_factor}."
-            )
-        _scaling_type(rope_scaling)
-        self.max_wavelength = float(max_wavelength)
-        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.max_wavelength = validation.finite_number("max_wavelength", max_wavelength, above=0)
+        self.partial_rotary_factor = validation.finite_number(
+            "partial_rotary_factor", partial_rotary_factor, above=0, at_most=1
+        )
+        check_rope_scaling(rope_scaling)
         self.rope_scaling = dict(rope_scaling) if rope_scaling is not None else None
         self._inv_freq_cache = {}
 

@@ -13,6 +13,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mha.errors import PruningError
+
 
 def _to_numpy(value):
     if value is None:
@@ -46,6 +48,30 @@ def _is_arrays_tuple(data):
     return bool(leaves) and all(hasattr(leaf, "shape") for leaf in leaves)
 
 
+def check_batching(batch_size, max_batches):
+    """`(batch_size, max_batches)` as ints: positive integers (NumPy ones too), `max_batches`
+    also None; bools, floats, NaN and values < 1 raise a `PruningError`.
+
+    Example:
+        >>> check_batching(np.int64(16), None)
+        (16, None)
+    """
+    for name, value, optional in (
+        ("batch_size", batch_size, False),
+        ("max_batches", max_batches, True),
+    ):
+        if optional and value is None:
+            continue
+        if (
+            isinstance(value, (bool, np.bool_))
+            or not isinstance(value, (int, np.integer))
+            or (value <= 0)
+        ):
+            expected = "a positive integer or None" if optional else "a positive integer"
+            raise PruningError(f"`{name}` must be {expected}; received {value!r}.", key=name)
+    return int(batch_size), None if max_batches is None else int(max_batches)
+
+
 class Batches:
     """A re-iterable stream of NumPy `(x, y, sample_weight)` batches.
 
@@ -73,14 +99,7 @@ class Batches:
     """
 
     def __init__(self, data, batch_size=32, max_batches=None, argument="data"):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"`batch_size` must be a positive integer; received {batch_size!r}.")
-        if max_batches is not None and (
-            isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches <= 0
-        ):
-            raise ValueError(
-                f"`max_batches` must be a positive integer or None; received {max_batches!r}."
-            )
+        batch_size, max_batches = check_batching(batch_size, max_batches)
         if data is None:
             raise ValueError(f"`{argument}` is None; expected data to score heads on.")
         self.batch_size = batch_size
@@ -109,6 +128,16 @@ class Batches:
                 f"`{argument}` yields no batches ({description}); expected at least one batch "
                 "of examples to score heads on."
             )
+
+    @property
+    def label_array(self):
+        """All labels `y` when the data are arrays (None otherwise: not read ahead)."""
+        return None if self._arrays is None else self._arrays[1]
+
+    @property
+    def first_inputs(self):
+        """The inputs `x` of the first batch."""
+        return next(iter(self))[0]
 
     def __iter__(self):
         if self._arrays is not None:
@@ -194,4 +223,5 @@ def resolve_loss(model, loss):
                 value = value * weights
         return ops.mean(ops.cast(value, "float32"))
 
+    scalar_loss.loss = function  # What it wraps, for the label checks (`labels.LabelCheck`).
     return scalar_loss

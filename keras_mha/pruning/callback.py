@@ -8,17 +8,23 @@ import warnings
 import keras
 import numpy as np
 
+from keras_mha.errors import PruningError
 from keras_mha.pruning import policy
-from keras_mha.pruning.batches import Batches, resolve_loss
+from keras_mha.pruning.batches import Batches, check_batching, resolve_loss
 from keras_mha.pruning.gates import get_head_gates, pruned_heads_from_gates, set_head_gates
 from keras_mha.pruning.importance import check_method, head_importance
+from keras_mha.pruning.labels import LabelCheck
 from keras_mha.pruning.selection import layer_states
 from keras_mha.pruning.surgery import prune_heads
 
 
 def _check_epoch(name, value, minimum=0):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}; received {value!r}.")
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+    ):
+        raise PruningError(f"`{name}` must be an integer >= {minimum}; received {value!r}.")
     return int(value)
 
 
@@ -36,8 +42,13 @@ class HeadPruning(keras.callbacks.Callback):
     Schedule: pruning steps happen at epochs `start_epoch, start_epoch +
     frequency, ...` up to `end_epoch` (0-based, as `fit` counts them; epochs
     before `start_epoch` are warm-up). With `n` steps, step `k` brings the
-    total removed to `round(k / n * target_heads)`: the target is reached
-    linearly, at `end_epoch`.
+    total removed to `round(k / n * target_heads)`, as near as whole units
+    allow (see `keras_mha.pruning.policy`): the target is reached linearly, at
+    the last step. With `scope="global"` every step takes its heads from a plan
+    that reaches the final count from where the model is, so mixing 1-head
+    (MHA) and 4-head (GQA group) units never strands the schedule short of it.
+    When units cannot make up the target exactly, the schedule removes the most
+    heads not above it and says so: a warning at the start of `fit`.
 
     Resuming: the only state is in the model. Heads with gate 0 count as
     pruned, and gates are saved with the weights, so after
@@ -47,11 +58,25 @@ class HeadPruning(keras.callbacks.Callback):
     have, gated ones included: remove heads physically only after the schedule.)
 
     Logs: at the end of every epoch, `logs` (and so `model.fit(...).history`)
-    get `"pruned_heads"` (heads gated off so far, all layers) and, per
+    get `"pruned_heads"` (heads gated off so far, all layers),
+    `"pruning_target_heads"` (heads the target asks for) and
+    `"pruning_reachable_heads"` (the most heads whole units allow without
+    exceeding it: the schedule's final count), and, per
     attention layer, `"head_gates/<path>"` (its gates, an array); on epochs
     with a pruning step also `"head_importance/<path>"` (the scores used).
     Callbacks before this one in the list do not see these keys (put a
     `TensorBoard` callback, which logs scalars only, before it).
+
+    Warnings: the target cannot be reached exactly (and why, see Logs),
+    `end_epoch` is not before `epochs`, or `fit` ended before the last step
+    (with the heads pruned by then).
+
+    Raises:
+        PruningError: a bad argument (at construction); a target that would
+            empty a layer, gates that cannot be removed physically, labels
+            outside the model's classes in array `data` (at the start of `fit`,
+            before anything changes); NaN or infinite importance scores (at a
+            step, before any gate is written).
 
     Args:
         target: heads to remove: a fraction in (0, 1) of the heads, or a
@@ -116,7 +141,9 @@ class HeadPruning(keras.callbacks.Callback):
             self.start_epoch if end_epoch is None else _check_epoch("end_epoch", end_epoch)
         )
         if self.end_epoch < self.start_epoch:
-            raise ValueError(f"`end_epoch`={end_epoch!r} must be >= `start_epoch`={start_epoch!r}.")
+            raise PruningError(
+                f"`end_epoch`={end_epoch!r} must be >= `start_epoch`={start_epoch!r}."
+            )
         self.frequency = _check_epoch("frequency", frequency, minimum=1)
         self.target = target
         self.method = method
@@ -125,9 +152,10 @@ class HeadPruning(keras.callbacks.Callback):
         self.min_heads_per_layer = int(min_heads_per_layer)
         self.loss = loss
         self.batches = None
+        check_batching(batch_size, max_batches)
         if method != "magnitude":
             if data is None:
-                raise ValueError(
+                raise PruningError(
                     f"`data` is None but `method`={method!r} scores heads on data; pass "
                     "held-out (x, y) or a dataset, or use method='magnitude'."
                 )
@@ -138,7 +166,10 @@ class HeadPruning(keras.callbacks.Callback):
         self.prune_epochs = list(range(self.start_epoch, self.end_epoch + 1, self.frequency))
         self.steps = []
         self.removed = None
+        self.shortfall_reason = None
         self._epoch_importance = None
+        self._target_heads = self._reachable_heads = None
+        self._last_epoch = None
 
     # ----------------------------------------------------------- schedule
     def wanted_heads(self, epoch, states):
@@ -158,6 +189,7 @@ class HeadPruning(keras.callbacks.Callback):
     # ---------------------------------------------------------- callbacks
     def on_train_begin(self, logs=None):
         # Everything is checked here, before the first epoch changes anything.
+        self._last_epoch = None
         states = layer_states(self.model)
         for state in states:
             policy.removal_units(state, np.zeros(state.num_heads), self.gqa_policy)
@@ -165,14 +197,25 @@ class HeadPruning(keras.callbacks.Callback):
             self.target, states, self.scope, self.gqa_policy, self.min_heads_per_layer
         )
         if self.method != "magnitude":
-            resolve_loss(self.model, self.loss)
+            loss_fn = resolve_loss(self.model, self.loss)
+            labels = self.batches.label_array
+            if labels is not None:  # Arrays are checked whole now; other data batch by batch.
+                LabelCheck(self.model, loss_fn.loss)(self.batches.first_inputs, labels)
+        self._target_heads, self._reachable_heads, reason = policy.shortfall(
+            self.target, states, self.scope, self.gqa_policy, self.min_heads_per_layer
+        )
+        if reason is not None:
+            self._warn(reason)
         epochs = (self.params or {}).get("epochs")
         if epochs is not None and self.end_epoch >= epochs:
-            warnings.warn(
-                f"HeadPruning: `end_epoch`={self.end_epoch} is not before `epochs`={epochs}; the "
-                "schedule will not reach its target in this fit.",
-                stacklevel=2,
+            self._warn(
+                f"`end_epoch`={self.end_epoch} is not before `epochs`={epochs}; the schedule "
+                "will not reach its target in this fit."
             )
+
+    def _warn(self, reason):
+        self.shortfall_reason = reason
+        warnings.warn(f"HeadPruning: {reason}", stacklevel=3)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_importance = None
@@ -187,7 +230,7 @@ class HeadPruning(keras.callbacks.Callback):
             {'block_0/attention': [2], 'block_1/attention': [0, 3]}
         """
         if epoch not in self.prune_epochs:
-            raise ValueError(
+            raise PruningError(
                 f"`epoch`={epoch!r} is not a pruning epoch of this schedule; expected one of "
                 f"{self.prune_epochs}."
             )
@@ -206,9 +249,20 @@ class HeadPruning(keras.callbacks.Callback):
             importance = head_importance(
                 self.model, self.batches, method=self.method, loss=self.loss
             )
-            new = policy.select_heads(
-                states, importance, wanted, self.scope, self.gqa_policy, self.min_heads_per_layer
-            )
+            if self.scope == "global":
+                final = policy.target_heads(self.target, states, self.scope)
+                new = policy.select_step_heads(
+                    states, importance, wanted, final, self.gqa_policy, self.min_heads_per_layer
+                )
+            else:
+                new = policy.select_heads(
+                    states,
+                    importance,
+                    wanted,
+                    self.scope,
+                    self.gqa_policy,
+                    self.min_heads_per_layer,
+                )
             for path, heads in new.items():
                 gates[path][heads] = 0.0
             set_head_gates(self.model, {path: gates[path] for path, heads in new.items() if heads})
@@ -227,20 +281,34 @@ class HeadPruning(keras.callbacks.Callback):
                 gates,
                 title=f"HeadPruning ({self.method}), epoch {epoch}",
             )
+        total = sum(map(len, pruned.values()))
         if self.verbose:
-            total = sum(map(len, pruned.values()))
             count = sum(state.num_heads for state in states)
             print(
                 f"HeadPruning epoch {epoch}: gated off {sum(map(len, new.values()))} heads "
                 f"({total}/{count} pruned so far)"
             )
+        if epoch == self.prune_epochs[-1]:
+            asked, _, reason = policy.shortfall(
+                self.target,
+                layer_states(self.model),
+                self.scope,
+                self.gqa_policy,
+                self.min_heads_per_layer,
+            )
+            if total < asked and reason is not None and reason != self.shortfall_reason:
+                self._warn(reason)  # Not said at the start (gates changed since).
         return new
 
     def on_epoch_end(self, epoch, logs=None):
+        self._last_epoch = epoch
         if logs is None:
             return
         gates = get_head_gates(self.model)
         logs["pruned_heads"] = int(sum(int(np.sum(values == 0)) for values in gates.values()))
+        if self._target_heads is not None:
+            logs["pruning_target_heads"] = self._target_heads
+            logs["pruning_reachable_heads"] = self._reachable_heads
         for path, values in gates.items():
             logs[f"head_gates/{path}"] = values
         if self._epoch_importance is not None:
@@ -248,6 +316,15 @@ class HeadPruning(keras.callbacks.Callback):
                 logs[f"head_importance/{path}"] = scores
 
     def on_train_end(self, logs=None):
+        last_step = self.prune_epochs[-1]
+        if self._last_epoch is not None and self._last_epoch < last_step:
+            pruned = sum(map(len, self.pruned_heads.values()))
+            self._warn(
+                f"`fit` ended after epoch {self._last_epoch}, before the last pruning step at "
+                f"epoch {last_step}: {pruned} of the {self._target_heads} heads the target asks "
+                "for are pruned. Continue with `fit(..., initial_epoch=...)` and the same "
+                "HeadPruning arguments."
+            )
         if self.remove_at_end:
             self.removed = prune_heads(self.model)
 

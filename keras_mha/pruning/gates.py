@@ -21,6 +21,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from keras_mha.errors import PruningError
 from keras_mha.pruning.discovery import require_attention_layers
 
 
@@ -74,16 +75,24 @@ def set_head_gates(model, gates):
     checked = {}
     for path, values in gates.items():
         if path not in layers:
-            raise ValueError(
+            raise PruningError(
                 f"`gates` names the layer {path!r}, which is not an attention layer of the model; "
                 f"expected one of {list(layers)}."
             )
-        values = np.asarray(values, dtype="float32")
+        raw = np.asarray(values)
         expected = (layers[path].num_heads,)
-        if values.shape != expected:
-            raise ValueError(
-                f"`gates[{path!r}]` has shape {values.shape}; expected {expected} (one gate per "
-                "query head)."
+        if raw.shape != expected or raw.dtype.kind not in "biuf":
+            raise PruningError(
+                f"`gates[{path!r}]` has shape {raw.shape}; expected {expected} (one gate per "
+                f"query head, a number; received dtype {raw.dtype}).",
+                key=path,
+            )
+        values = raw.astype("float32")
+        if not np.isfinite(values).all():
+            raise PruningError(
+                f"`gates[{path!r}]`={raw.tolist()} has non-finite values; expected finite gates "
+                "(1 keeps a head, 0 silences it).",
+                key=path,
             )
         checked[path] = values
     sync_training_state(model)

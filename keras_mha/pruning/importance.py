@@ -5,10 +5,12 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_mha.pruning.batches import Batches, batch_size_of, resolve_loss
+from keras_mha.errors import PruningError
+from keras_mha.pruning.batches import Batches, batch_size_of, check_batching, resolve_loss
 from keras_mha.pruning.discovery import require_attention_layers
 from keras_mha.pruning.gate_gradients import GateLoss
 from keras_mha.pruning.gates import sync_training_state
+from keras_mha.pruning.labels import LabelCheck
 
 METHODS = ("taylor", "ablation", "magnitude")
 
@@ -72,33 +74,57 @@ def head_importance(
         `{path: np.ndarray(num_heads)}` in model order; paths as in
         `find_attention_layers`.
 
+    Raises:
+        PruningError: a bad `batch_size` / `max_batches`; labels outside the
+            model's classes for a (sparse) categorical cross-entropy (checked
+            per batch before it is scored, on every backend); scores that are
+            NaN or infinite (a loss, gradient or weight that is not finite).
+
     Example:
         >>> scores = head_importance(model, (x_val, y_val), method="taylor")
         >>> scores["block_0/attention"].shape
         (4,)
     """
     check_method(method)
+    check_batching(batch_size, max_batches)
     layers = require_attention_layers(model)
     if method == "magnitude":
         sync_training_state(model)
-        return {path: magnitude_scores(layer) for path, layer in layers.items()}
+        scores = {path: magnitude_scores(layer) for path, layer in layers.items()}
+        return _checked(scores, method, "the layer's weights are not finite")
     batches = (
         data
         if isinstance(data, Batches)
         else Batches(data, batch_size=batch_size, max_batches=max_batches)
     )
     loss_fn = resolve_loss(model, loss)
+    check_labels = LabelCheck(model, loss_fn.loss)
     sync_training_state(model)
-    if method == "taylor":
-        return _taylor(model, layers, batches, loss_fn)
-    return _ablation(model, layers, batches, loss_fn)
+    score = _taylor if method == "taylor" else _ablation
+    scores = score(model, layers, batches, loss_fn, check_labels)
+    return _checked(scores, method, "the loss or its gradient is not finite on `data`")
 
 
-def _taylor(model, layers, batches, loss_fn):
+def _checked(scores, method, cause):
+    """Refuse NaN / infinite scores: pruning on them would remove arbitrary heads."""
+    for path, values in scores.items():
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise PruningError(
+                f"{method} importance of layer {path!r} is not finite for heads {bad.tolist()} "
+                f"({values[bad].tolist()}): {cause}; expected finite scores.",
+                key=path,
+                value=values[bad].tolist(),
+            )
+    return scores
+
+
+def _taylor(model, layers, batches, loss_fn, check_labels):
     gate_loss = GateLoss(model, [layer.head_gates for layer in layers.values()], loss_fn)
     totals = [np.zeros(layer.num_heads) for layer in layers.values()]
     examples = 0
     for x, y, sample_weight in batches:
+        check_labels(x, y)
         _, gradients = gate_loss.value_and_gradients(x, y, sample_weight)
         size = batch_size_of(x)
         for total, gradient in zip(totals, gradients, strict=True):
@@ -112,7 +138,7 @@ def _taylor(model, layers, batches, loss_fn):
     return scores
 
 
-def _ablation(model, layers, batches, loss_fn):
+def _ablation(model, layers, batches, loss_fn, check_labels):
     gate_loss = GateLoss(model, [layer.head_gates for layer in layers.values()], loss_fn)
     gates = gate_loss._current_gates()
     # One pass over the data; every masked variant is scored on each batch in turn.
@@ -125,6 +151,7 @@ def _ablation(model, layers, batches, loss_fn):
     totals = np.zeros(len(variants))
     examples = 0
     for x, y, sample_weight in batches:
+        check_labels(x, y)
         size = batch_size_of(x)
         for position, (_, _, gate_values) in enumerate(variants):
             totals[position] += size * gate_loss.value(x, y, sample_weight, gate_values)

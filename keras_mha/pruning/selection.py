@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
+import warnings
 
 from keras_mha.pruning import policy
 from keras_mha.pruning.discovery import require_attention_layers
@@ -35,6 +35,9 @@ def heads_to_prune(
     """The least important heads to remove so that `target` heads are gone.
 
     Heads already gated off count towards the target and are not returned.
+    When whole units cannot make up the target exactly (a 4-head KV group
+    where 2 heads are asked), the most heads not above it are chosen and a
+    warning says why.
     The choice follows `keras_mha.pruning.policy` (units that keep every
     layer a regular GQA layer, ascending importance). Nothing is changed:
     apply the result with `set_head_gates` (masking) or `prune_heads(model,
@@ -51,6 +54,10 @@ def heads_to_prune(
     Returns:
         `{path: sorted head indices to remove}` for every attention layer.
 
+    Raises:
+        PruningError: a bad argument, a target that would empty a layer, or
+            scores that are missing, of the wrong shape, NaN or infinite.
+
     Example:
         >>> scores = head_importance(model, data)
         >>> heads = heads_to_prune(model, scores, target=0.3)
@@ -61,13 +68,10 @@ def heads_to_prune(
     policy.check_policy(gqa_policy)
     policy.check_min_heads(min_heads_per_layer)
     states = layer_states(model)
-    for state in states:
-        scores = importance.get(state.path) if isinstance(importance, dict) else None
-        if scores is None or np.shape(scores) != (state.num_heads,):
-            raise ValueError(
-                f"`importance` must map every attention layer to {state.num_heads} scores for "
-                f"layer {state.path!r}; received {None if scores is None else np.shape(scores)}."
-            )
+    policy.check_importance(states, importance)
     policy.check_target_reachable(target, states, scope, gqa_policy, min_heads_per_layer)
+    _, _, reason = policy.shortfall(target, states, scope, gqa_policy, min_heads_per_layer)
+    if reason is not None:
+        warnings.warn(f"heads_to_prune: {reason}", stacklevel=2)
     wanted = policy.target_heads(target, states, scope)
     return policy.select_heads(states, importance, wanted, scope, gqa_policy, min_heads_per_layer)

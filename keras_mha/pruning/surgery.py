@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import keras
 import numpy as np
 
+from keras_mha.errors import PruningError
 from keras_mha.layers.head_surgery import plan_head_removal
 from keras_mha.pruning.discovery import require_attention_layers
 from keras_mha.pruning.gates import sync_training_state
@@ -41,6 +44,12 @@ def prune_heads(model, heads=None, recompile=True):
     Returns:
         `{path: sorted removed head indices}` for every attention layer.
 
+    Raises:
+        PruningError: `heads` names an unknown layer, or has an index that is
+            not an integer in range (floats, strings and bools included), a
+            repeated index, or a removal that leaves a layer irregular or empty.
+            Nothing is changed.
+
     Example:
         >>> set_head_gates(model, {"block_0/attention": [1, 0, 1, 0]})
         >>> prune_heads(model)
@@ -55,19 +64,23 @@ def prune_heads(model, heads=None, recompile=True):
             for path, layer in layers.items()
         }
     else:
-        unknown = sorted(set(heads) - set(layers))
+        if not isinstance(heads, Mapping):
+            raise PruningError(
+                f"`heads` must be None or a dict {{layer path: head indices}}; received {heads!r}."
+            )
+        unknown = sorted(set(heads) - set(layers), key=repr)
         if unknown:
-            raise ValueError(
+            raise PruningError(
                 f"`heads` names {unknown}, which are not attention layers of the model; expected "
                 f"paths among {list(layers)}."
             )
-        requested = {path: list(heads.get(path, ())) for path in layers}
+        requested = {path: heads.get(path, ()) for path in layers}
     removal = {}
     for path, layer in layers.items():
         try:
             kept, _ = plan_head_removal(layer.num_heads, layer.num_key_value_heads, requested[path])
         except ValueError as error:
-            raise ValueError(f"Cannot prune layer {path!r}: {error}") from None
+            raise PruningError(f"Cannot prune layer {path!r}: {error}", key=path) from None
         removal[path] = sorted(set(range(layer.num_heads)) - set(kept))
 
     compile_config = None
