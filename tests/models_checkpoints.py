@@ -44,6 +44,11 @@ CASES = {
         },
         "LlamaForCausalLM",
     ),
+    "llama_plain": (
+        "LlamaConfig",
+        {**SMALL, "num_key_value_heads": 2, "tie_word_embeddings": False},
+        "LlamaForCausalLM",
+    ),
     "llama_tied_bias": (
         "LlamaConfig",
         {
