@@ -314,11 +314,10 @@ class _ProgressBatches:
 def _encoder_scoring(model, data, batch_size, reference):
     """(scoring model, batches, loss, {scoring path: model path}) for an encoder."""
     import keras
-    import numpy as np
 
     from keras_mha.pruning import find_attention_layers
 
-    embedding_model = _SentenceEmbedding(model)
+    embedding_model = sentence_embedding_model(model)
     embedding_model(data.inputs(0, 1))
     batches = []
     for start in range(0, data.num_examples, batch_size):
@@ -339,7 +338,6 @@ def _encoder_scoring(model, data, batch_size, reference):
     paths = {
         path: by_id[id(layer)] for path, layer in find_attention_layers(embedding_model).items()
     }
-    del np
     return embedding_model, batches, contrastive, paths
 
 
@@ -367,7 +365,17 @@ def _sentence_embedding_class():
     return SentenceEmbedding
 
 
-def _SentenceEmbedding(encoder):  # noqa: N802 - a class made on first use (keras is lazy)
+def sentence_embedding_model(encoder):
+    """`encoder` followed by mean pooling over real tokens and L2 normalisation.
+
+    Its attention layers are the encoder's own, so scores taken on it are the encoder's.
+    (The class is made on first use: this module is imported without keras for `--help`.)
+
+    Example:
+        >>> embed = sentence_embedding_model(from_pretrained("all-MiniLM-L6-v2"))  # doctest: +SKIP
+        >>> embed({"token_ids": ids, "padding_mask": mask}).shape  # doctest: +SKIP
+        (2, 384)
+    """
     return _sentence_embedding_class()(encoder)
 
 
