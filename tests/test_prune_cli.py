@@ -15,6 +15,14 @@ import pytest
 
 from keras_mha.cli import main
 
+# The end-to-end runs load, score, measure and export real (tiny) checkpoints with
+# transformers beside: torch leg only for CI time. The pieces they use are tested on
+# every backend (pruning, models, export); the refusals below run on every leg.
+torch_leg_only = pytest.mark.skipif(
+    __import__("keras").backend.backend() != "torch",
+    reason="end-to-end CLI run; its parts are tested on every backend",
+)
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -127,6 +135,7 @@ def _transformers_perplexity(folder, tokenizer_file, text, seq_len):
     return float(torch.exp(nll))
 
 
+@torch_leg_only
 def test_decoder_prune_exports_and_reports(sources, tmp_path, capsys):
     out = tmp_path / "pruned"
     report = _prune_json(
@@ -172,6 +181,7 @@ def test_decoder_prune_exports_and_reports(sources, tmp_path, capsys):
     assert all(len(heads) == 4 for heads in pruned.values())
 
 
+@torch_leg_only
 def test_encoder_prune_with_heatmap(sources, tmp_path, capsys):
     out, heatmap = tmp_path / "pruned", tmp_path / "heads.png"
     report = _prune_json(
@@ -220,6 +230,7 @@ def test_encoder_prune_with_heatmap(sources, tmp_path, capsys):
     assert report["after"]["embedding_cosine"] == pytest.approx(float(cosine.mean()), abs=1e-5)
 
 
+@torch_leg_only
 def test_table_output_and_non_uniform_keras_model(sources, tmp_path, capsys):
     capsys.readouterr()
     out = tmp_path / "o"
