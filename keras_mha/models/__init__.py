@@ -6,6 +6,9 @@
 - `generate(model, token_ids, max_new_tokens, ...)`: greedy or seeded sampling on the
   layers' KV cache, one compiled decode step.
 - `build_model(spec)`: the same architectures with random weights.
+- `save_pretrained(model, out_dir, max_shard_size="5GB")`: back to a Hub checkpoint
+  (config.json, safetensors, tokenizer files) that transformers loads, pruned heads
+  included.
 - `weight_names`: the Hub tensor names of each family, as data, both directions.
 
 Example:
@@ -18,6 +21,7 @@ _EXPORTS = {
     "from_pretrained": "keras_mha.models.loading",
     "build_model": "keras_mha.models.loading",
     "load_weights": "keras_mha.models.loading",
+    "save_pretrained": "keras_mha.models.export",
     "generate": "keras_mha.models.generation",
     "generation_stats": "keras_mha.models.generation",
     "DecoderModel": "keras_mha.models.decoder",

@@ -411,6 +411,8 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
             raise
     model = build_model(spec, dtype=choose_dtype(config, dtype), initializer="zeros")
     load_weights(model, directory)
+    # save_pretrained copies the tokenizer files from here.
+    model.source_directory = str(directory)
     return model
 
 
