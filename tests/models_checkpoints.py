@@ -4,7 +4,9 @@ Each case is a transformers config class, its arguments and the model class to s
 `checkpoint(tmp_path_factory, case)` writes it once per test session (every weight
 perturbed so norms and biases are not trivial), with transformers' reference logits /
 hidden states for one padded and one unpadded batch, and caches the result for every
-test module of the session.
+test module of the session. `loaded(tmp_path_factory, case)` is the checkpoint with its
+keras-mha model from `from_pretrained`, also read once per session (CI time): tests must
+not change that model (build their own to prune or train).
 """
 
 from __future__ import annotations
@@ -185,3 +187,16 @@ def checkpoint(tmp_path_factory, case: str) -> Checkpoint:
     )
     _CACHE[case] = made
     return made
+
+
+_LOADED: dict[str, tuple[Checkpoint, object]] = {}
+
+
+def loaded(tmp_path_factory, case: str):
+    """`(checkpoint, from_pretrained(checkpoint.directory))` for `case`, read once per session."""
+    if case not in _LOADED:
+        from keras_mha.models import from_pretrained
+
+        made = checkpoint(tmp_path_factory, case)
+        _LOADED[case] = (made, from_pretrained(made.directory))
+    return _LOADED[case]

@@ -377,3 +377,12 @@ class TestOnEightDevices:
         assert result["cache_axes_after_decoding"] == [["batch", "model", None, None]] * 2
         assert result["output_max_abs"] > 0.1
         assert result["output_max_abs_difference"] <= 1e-5 * result["output_max_abs"]
+
+    def test_whole_decoder_model_shards_by_heads_like_one_device(self, device_report):
+        # keras_mha.models.build_model under ModelParallel with head_parallel_layout_map
+        # (moved here from tests/test_models_api.py to share this subprocess: CI time).
+        check = device_report["whole_model"]
+        assert check["ok"], check.get("error")
+        result = check["result"]
+        assert result["spec"] == ["None", "model", "None"] and result["devices"] == 2
+        assert result["difference"] < 1e-5

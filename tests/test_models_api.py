@@ -1,15 +1,9 @@
-"""keras_mha.models as ordinary Keras models: summary, fit, .keras files, pruning, sharding.
+"""keras_mha.models as ordinary Keras models: summary, fit, .keras files, pruning.
 
 A tiny Llama-shaped decoder is built from a config dict (`build_model`, random weights),
 so no checkpoint is needed. Pruning and the `.keras` round trip are checked by outputs
 against the same model before (gated heads are what `prune_heads` removes).
 """
-
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -140,46 +134,6 @@ def test_encoder_model_builds_fits_and_saves(tmp_path):
     )
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="keras.distribution model parallelism is JAX-only"
-)
-def test_head_parallel_layout_shards_a_whole_model():
-    # JAX fixes its device count when imported: run in a fresh process with 2 CPU devices.
-    code = textwrap.dedent(
-        f"""
-        import json, numpy as np, keras
-        from keras_mha.cards.spec import from_config
-        from keras_mha.distribution import head_parallel_layout_map
-        from keras_mha.models import build_model
-        config = {CONFIG!r}
-        spec = from_config(config)
-        keras.utils.set_random_seed(0)
-        plain = build_model(spec)
-        mesh = keras.distribution.DeviceMesh((2,), ("model",), keras.distribution.list_devices())
-        layout_map = head_parallel_layout_map(mesh, "model")
-        distribution = keras.distribution.ModelParallel(layout_map=layout_map)
-        with distribution.scope():
-            sharded = build_model(spec)
-        sharded.set_weights(plain.get_weights())
-        ids = np.arange(12, dtype="int32").reshape(2, 6)
-        kernel = sharded.blocks[0].attention.key_kernel.value
-        print(json.dumps({{
-            "spec": [str(axis) for axis in kernel.sharding.spec],
-            "devices": len(kernel.sharding.device_set),
-            "difference": float(np.abs(np.asarray(sharded(ids)) - np.asarray(plain(ids))).max()),
-        }}))
-        """
-    )
-    env = {
-        **os.environ,
-        "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["spec"] == ["None", "model", "None"] and report["devices"] == 2
-    assert report["difference"] < 1e-5
+# The head-parallel sharding of a whole model needs several JAX devices, hence a fresh
+# process: it runs in tests/distribution_checks.py (check_whole_model), asserted by
+# tests/test_distribution.py, sharing that subprocess.

@@ -16,8 +16,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.models import from_pretrained
-from tests.models_checkpoints import checkpoint
+from tests.models_checkpoints import loaded
 
 ATOL = 1e-4
 BACKBONES = {
@@ -45,7 +44,7 @@ def test_hidden_states_equal_keras_hub(tmp_path_factory, case):
     if case in LEFT_OUT:
         pytest.skip(LEFT_OUT[case])
     keras_hub = pytest.importorskip("keras_hub")
-    made = checkpoint(tmp_path_factory, case)
+    made, model = loaded(tmp_path_factory, case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         backbone = getattr(keras_hub.models, BACKBONES[case]).from_preset(str(made.directory))
@@ -59,7 +58,6 @@ def test_hidden_states_equal_keras_hub(tmp_path_factory, case):
     if isinstance(theirs, dict):
         theirs = theirs["sequence_output"]
     theirs = keras.ops.convert_to_numpy(theirs)
-    model = from_pretrained(made.directory)
     ours = keras.ops.convert_to_numpy(model.hidden_states(inputs))
     valid = mask.astype(bool)
     np.testing.assert_allclose(ours[valid], theirs[valid], atol=ATOL, rtol=0)

@@ -21,15 +21,14 @@ from keras_mha.errors import CheckpointError, UnsupportedModelError
 from keras_mha.models import from_pretrained, generate
 from keras_mha.models.weight_names import hub_tensors
 from tests.hub_server import hub_environment
-from tests.models_checkpoints import checkpoint
+from tests.models_checkpoints import checkpoint, loaded
 
 ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    made = checkpoint(tmp_path_factory, "llama")
-    return made, from_pretrained(made.directory)
+    return loaded(tmp_path_factory, "llama")
 
 
 def copy_checkpoint(made, tmp_path, name="copy"):
@@ -171,8 +170,7 @@ def test_bad_arguments_are_named(llama, call, message):
 
 @pytest.mark.parametrize("case", ["llama_tied_bias", "phi3", "gemma3", "bert"])
 def test_hub_tensors_give_back_the_checkpoint(tmp_path_factory, case):
-    made = checkpoint(tmp_path_factory, case)
-    model = from_pretrained(made.directory)
+    made, model = loaded(tmp_path_factory, case)
     written = load_file(made.directory / "model.safetensors")
     exported = dict(hub_tensors(model))
     ignored = {name for name in written if "pooler" in name or "position_ids" in name}

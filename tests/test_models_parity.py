@@ -13,8 +13,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.models import from_pretrained, generate, generation_stats
-from tests.models_checkpoints import CASES, checkpoint
+from keras_mha.models import generate, generation_stats
+from tests.models_checkpoints import CASES
+from tests.models_checkpoints import loaded as loaded_model
 
 ATOL = 1e-4
 NEW_TOKENS = 6
@@ -26,15 +27,7 @@ GENERATION_CASES = ["mistral", "gemma2", "gemma3", "phi3"]
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    models = {}
-
-    def load(case):
-        if case not in models:
-            made = checkpoint(tmp_path_factory, case)
-            models[case] = (made, from_pretrained(made.directory))
-        return models[case]
-
-    return load
+    return lambda case: loaded_model(tmp_path_factory, case)
 
 
 @pytest.mark.parametrize("case", list(CASES))
