@@ -196,8 +196,15 @@ def test_sampling_is_seeded_and_restricted(llama):
 
 def test_eos_ends_rows_and_generation(llama):
     made, model = llama
-    prompt = made.token_ids[:1, :4]
+    # The prompt shape of the sampling test: the compiled prefill and step are reused.
+    prompt = made.token_ids[:, :4]
     greedy = generate(model, prompt, 6)
-    eos = int(greedy[0, 5])  # the second new token
+    eos = [int(greedy[0, 5]), int(greedy[1, 5])]  # each row's second new token
     stopped = generate(model, prompt, 6, eos_token_id=eos)
-    assert stopped.shape == (1, 6) and np.array_equal(stopped, greedy[:, :6])
+    # A row ends at its first EOS and is then filled with the first EOS id; generation
+    # stops once every row has ended (here by the second new token at the latest).
+    ends = [4 + int(np.flatnonzero(np.isin(row[4:], eos))[0]) for row in greedy]
+    assert stopped.shape == (2, max(ends) + 1)
+    for row, end in enumerate(ends):
+        np.testing.assert_array_equal(stopped[row, : end + 1], greedy[row, : end + 1])
+        assert (stopped[row, end + 1 :] == eos[0]).all()
