@@ -349,8 +349,19 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
         for variable, value, path in zip(variables, values, rule.variables, strict=True):
             variable.assign(ops.cast(value, variable.dtype))
             sources[path] = rule.hub_name
-        del values
+        del values, value
+        _return_freed_memory()
     return sources
+
+
+def _return_freed_memory():
+    """Give freed heap pages back to the OS (glibc keeps them otherwise, inflating RSS)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def from_pretrained(source, *, dtype=None, revision=None, token=None):
