@@ -206,7 +206,7 @@ def main(argv=None):
     print(f"| before pruning ({heads} heads) | {before:.2f} |")
     print(f"| after gating off 50% of the heads | {after_pruning:.2f} |")
     print(
-        f"| after {arguments.finetune_epochs - 1} epochs of fine-tuning | {after_finetuning:.2f} |"
+        f"| after {arguments.finetune_epochs} epochs of fine-tuning | {after_finetuning:.2f} |"
     )
     print(
         f"\nremoved physically: {parameters:,} -> {model.count_params():,} parameters; "
