@@ -161,7 +161,7 @@ class GQALanguageModel(keras.Model):
         return logits if caches is None else (logits, updated_caches)
 
     def init_caches(self, batch_size, max_length):
-        """One zero KV cache per block, `(batch, 2, max_length, kv_heads, head_dim)` each."""
+        """One zero KV cache per block (a `(key, value)` pair each, opaque to the model)."""
         return [block.attention.init_cache(batch_size, max_length) for block in self.blocks]
 
 
@@ -256,7 +256,7 @@ def generate_with_cache(model, prompt_ids, new_tokens, compile_step=True):
     prompt_length = len(prompt_ids)
     caches = model.init_caches(batch_size=1, max_length=prompt_length + new_tokens)
     logits, caches = model(prompt_ids[None], caches=caches, cache_index=0)  # prefill
-    caches = [ops.stop_gradient(cache) for cache in caches]
+    caches = keras.tree.map_structure(ops.stop_gradient, caches)
     token = _next_token(logits)
     step, compilations = make_decode_step(model, compile_step)
     tokens, step_seconds = [ops.convert_to_numpy(token)], []

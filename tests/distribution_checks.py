@@ -300,13 +300,13 @@ def check_kv_cache_decoding():
             return distribute_kv_cache(cache, mesh, model_axis="model", batch_axis="batch")
 
         cache = pin_cache(layer.init_cache(batch, max_length))
-        cache_axes = _array_axes(cache)
-        cache_shard_shape = list(cache.addressable_shards[0].data.shape)
+        cache_axes = [_array_axes(buffer) for buffer in cache]
+        cache_shard_shape = [list(buffer.addressable_shards[0].data.shape) for buffer in cache]
         outputs, cache = decode(layer, cache, pin_cache)
     return {
         "cache_axes": cache_axes,
         "cache_shard_shape": cache_shard_shape,
-        "cache_axes_after_decoding": _array_axes(cache),
+        "cache_axes_after_decoding": [_array_axes(buffer) for buffer in cache],
         "output_max_abs_difference": float(np.max(np.abs(np.asarray(outputs - expected)))),
         "output_max_abs": float(np.max(np.abs(np.asarray(expected)))),
     }

@@ -14,6 +14,7 @@ from keras_mha.cards.costs import (
     parameter_counts,
 )
 from keras_mha.cards.spec import from_config
+from keras_mha.errors import ConfigError
 
 pytestmark = pytest.mark.backend_independent
 
@@ -357,6 +358,7 @@ def test_active_above_total_is_refused_by_the_counts():
         ParameterCounts(10, 10, 0, 0, 0, 0, 0, active=11)
 
 
-def test_deepseek_without_experts_per_token_has_no_active_count():
-    spec = spec_of("deepseek-ai/DeepSeek-V2-Lite", num_experts_per_tok=None)
-    assert spec.num_experts_per_tok is None and parameter_counts(spec).active is None
+def test_moe_without_experts_per_token_is_refused():
+    # DeepseekV2Config defaults num_experts_per_tok to None: such a model cannot route tokens.
+    with pytest.raises(ConfigError, match="num_experts_per_tok"):
+        spec_of("deepseek-ai/DeepSeek-V2-Lite", num_experts_per_tok=None)

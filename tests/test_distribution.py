@@ -211,10 +211,10 @@ class TestLayoutMapErrors:
 class TestKVCacheLayout:
     def test_split_along_kv_heads_and_batch(self):
         layout = kv_cache_layout(_mesh(), num_key_value_heads=4, batch_axis="batch")
-        assert layout.axes == ("batch", None, None, "model", None)
+        assert layout.axes == ("batch", "model", None, None)
 
     def test_multi_query_cache_is_replicated(self):
-        assert kv_cache_layout(_mesh(), num_key_value_heads=1).axes == (None,) * 5
+        assert kv_cache_layout(_mesh(), num_key_value_heads=1).axes == (None,) * 4
 
     def test_not_divisible(self):
         with pytest.raises(ValueError, match=r"num_key_value_heads=2 .* size 4 of mesh axis"):
@@ -227,7 +227,7 @@ class TestKVCacheLayout:
     @pytest.mark.skipif(keras.backend.backend() == "jax", reason="checks the non-JAX error")
     def test_distributing_a_cache_needs_jax(self):
         with pytest.raises(ValueError, match="needs the JAX backend"):
-            distribute_kv_cache(keras.ops.zeros((2, 2, 8, 4, 4)), _mesh())
+            distribute_kv_cache((keras.ops.zeros((2, 4, 8, 4)),) * 2, _mesh())
 
 
 # ---------------------------------------------------------------- 8 devices
@@ -371,8 +371,9 @@ class TestOnEightDevices:
         assert check["ok"], check.get("error")
         result = check["result"]
         # batch 2 over "batch" (2), 4 KV heads over "model" (4).
-        assert result["cache_axes"] == ["batch", None, None, "model", None]
-        assert result["cache_shard_shape"] == [1, 2, 8, 1, HEAD_DIM]
-        assert result["cache_axes_after_decoding"] == ["batch", None, None, "model", None]
+        # Both buffers (key, value), each (batch, kv_heads, max_length, head_dim).
+        assert result["cache_axes"] == [["batch", "model", None, None]] * 2
+        assert result["cache_shard_shape"] == [[1, 1, 8, HEAD_DIM]] * 2
+        assert result["cache_axes_after_decoding"] == [["batch", "model", None, None]] * 2
         assert result["output_max_abs"] > 0.1
         assert result["output_max_abs_difference"] <= 1e-5 * result["output_max_abs"]

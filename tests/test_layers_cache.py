@@ -8,6 +8,7 @@ import pytest
 from keras import ops
 
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from tests.reference import attention_numpy
 from tests.test_layers_reference import random_inputs, randomise
 
 BACKEND = keras.backend.backend()
@@ -50,7 +51,8 @@ def test_prefill_plus_steps_equal_full_causal_pass(layer_factory, options):
     incremental, cache = decode_incrementally(layer, x, prefill=5, max_length=16)
     np.testing.assert_allclose(incremental, full, atol=1e-5)
     # Only KV heads are stored.
-    assert tuple(cache.shape) == (2, 2, 16, layer.num_key_value_heads, 8)
+    for buffer in cache:
+        assert tuple(buffer.shape) == (2, layer.num_key_value_heads, 16, 8)
 
 
 def test_cache_with_left_padding_mask():
@@ -90,7 +92,10 @@ def test_cross_attention_cache_is_read_only_and_matches():
     cache = layer.compute_cross_attention_cache(encoder)
     got, same_cache = layer(decoder, cache=cache)
     np.testing.assert_allclose(ops.convert_to_numpy(got), expected, atol=1e-5)
-    np.testing.assert_array_equal(ops.convert_to_numpy(same_cache), ops.convert_to_numpy(cache))
+    for got_buffer, buffer in zip(same_cache, cache, strict=True):
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(got_buffer), ops.convert_to_numpy(buffer)
+        )
 
 
 def test_cache_errors():
@@ -103,7 +108,7 @@ def test_cache_errors():
     with pytest.raises(ValueError, match=r"cache_index`=3.*max_length is 5"):
         layer(x, cache=cache, cache_index=3)
     with pytest.raises(ValueError, match="num_key_value_heads=2"):
-        layer(x, cache=ops.zeros((1, 2, 8, 4, 4)), cache_index=0)
+        layer(x, cache=(ops.zeros((1, 4, 8, 4)),) * 2, cache_index=0)
     with pytest.raises(ValueError, match="max_length"):
         layer.init_cache(1, 0)
 
@@ -157,3 +162,160 @@ def test_decode_step_compiles_once():
         outputs.append(ops.convert_to_numpy(output))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), full[:, 4:], atol=1e-5)
     assert compile_count() == 1
+
+
+# ----------------------------------------------------------- single-token path
+@pytest.mark.parametrize("num_heads, num_kv_heads, window", [(4, 4, None), (8, 2, 3), (4, 1, None)])
+def test_single_token_steps_match_generic_path_and_numpy(num_heads, num_kv_heads, window):
+    """The fused one-token step equals the generic keras.ops path and NumPy."""
+    x = random_inputs(2, 6, 16)
+    fused = GroupedQueryAttention(
+        num_heads, num_kv_heads, head_dim=4, causal=True, sliding_window=window
+    )
+    fused(x)
+    randomise(fused)
+    generic = GroupedQueryAttention.from_config({**fused.get_config(), "flash_attention": False})
+    generic(x)
+    generic.set_weights(fused.get_weights())
+    expected, _ = attention_numpy(fused, x, causal=True, sliding_window=window)
+    for layer in (fused, generic):
+        got, _ = decode_incrementally(layer, x, prefill=3, max_length=8)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_left_padded_batch_decodes_like_the_full_pass():
+    """Rows padded on the left by different amounts, masked over the whole cache."""
+    x = random_inputs(2, 7, 16)
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True, use_rope=True)
+    layer(x)
+    randomise(layer)
+    keep = np.ones((2, 7), bool)
+    keep[0, :3] = False
+    keep[1, :1] = False
+    expected, _ = attention_numpy(
+        layer, x, mask=np.repeat(keep[:, None], 7, axis=1), causal=True, rope_theta=10000.0
+    )
+    max_length = 9
+    key_valid = np.zeros((2, max_length), bool)
+    key_valid[:, :7] = keep
+    cache = layer.init_cache(2, max_length)
+    out, cache = layer(
+        x[:, :4], cache=cache, cache_index=0, attention_mask=np.repeat(key_valid[:, None], 4, 1)
+    )
+    steps = [ops.convert_to_numpy(out)]
+    for t in (4, 5, 6):
+        out, cache = layer(
+            x[:, t : t + 1], cache=cache, cache_index=t, attention_mask=key_valid[:, None]
+        )
+        steps.append(ops.convert_to_numpy(out))
+    got = np.concatenate(steps, axis=1)
+    # Padded query rows attend to nothing valid before them; compare real tokens.
+    np.testing.assert_allclose(got[0, 3:], expected[0, 3:], atol=1e-5)
+    np.testing.assert_allclose(got[1, 1:], expected[1, 1:], atol=1e-5)
+
+
+# --------------------------------------------------------------- cache checks
+def test_cache_must_match_the_layer():
+    x = random_inputs(2, 3, 16)
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    good = layer.init_cache(2, 8)
+    with pytest.raises(ValueError, match=r"dtype int32.*computes in float32"):
+        layer(x, cache=(ops.zeros((2, 2, 8, 4), "int32"),) * 2, cache_index=0)
+    with pytest.raises(ValueError, match=r"batch=2.*shape \(1, 2, 8, 4\)"):
+        layer(x, cache=layer.init_cache(1, 8), cache_index=0)
+    with pytest.raises(ValueError, match=r"num_key_value_heads=2.*shape \(2, 4, 8, 4\)"):
+        layer(x, cache=(ops.zeros((2, 4, 8, 4)),) * 2, cache_index=0)
+    with pytest.raises(ValueError, match=r"head_dim=4.*shape \(2, 2, 8, 8\)"):
+        layer(x, cache=(ops.zeros((2, 2, 8, 8)),) * 2, cache_index=0)
+    with pytest.raises(ValueError, match=r"\(key, value\) pair.*\(2, 2, 8, 2, 4\)"):
+        layer(x, cache=ops.zeros((2, 2, 8, 2, 4)), cache_index=0)  # keras-mha 0.1 layout
+    with pytest.raises(ValueError, match="same shape"):
+        layer(x, cache=(good.key, ops.zeros((2, 2, 9, 4))), cache_index=0)
+    for dtype in ("int32", "bfloat16"):
+        with pytest.raises(ValueError, match=rf"compute dtype 'float32'.*received '{dtype}'"):
+            layer.init_cache(2, 8, dtype=dtype)
+    with pytest.raises(ValueError, match=r"query has 3 tokens.*max_length=2"):
+        layer(x, cache=layer.init_cache(2, 2), cache_index=0)
+
+
+# ------------------------------------------------------------------- overflow
+@pytest.mark.parametrize("index", [-1, 7])
+def test_static_overrun_is_refused_even_when_compiled(index):
+    x = random_inputs(1, 2, 16)
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    cache = layer.init_cache(1, 8)
+    with pytest.raises(ValueError, match=rf"`cache_index`={index} overruns.*max_length is 8"):
+        layer(x, cache=cache, cache_index=index)
+    if BACKEND == "jax":
+        import jax
+
+        # A Python int index inside jit is known at trace time: refused there.
+        with pytest.raises(ValueError, match="overruns"):
+            jax.jit(lambda c: layer(x, cache=c, cache_index=index))(cache)
+
+
+def test_traced_overrun_gives_nan_and_leaves_the_cache_unchanged():
+    x = ops.convert_to_tensor(random_inputs(1, 6, 16))
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    cache = layer.init_cache(1, 6)
+    _, cache = layer(x[:, :4], cache=cache, cache_index=0)
+    before = [ops.convert_to_numpy(buffer).copy() for buffer in cache]
+
+    def step(tokens, cache, index):
+        return layer(tokens, cache=cache, cache_index=index)
+
+    if BACKEND == "torch":
+        import torch
+
+        # Eager PyTorch reads a CPU index: refused like a Python int.
+        with pytest.raises(ValueError, match="overruns"):
+            step(x[:, :2], cache, ops.convert_to_tensor(5, "int32"))
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="eager", fullgraph=True)
+    elif BACKEND == "jax":
+        import jax
+
+        compiled = jax.jit(step)
+    else:
+        import tensorflow as tf
+
+        compiled = tf.function(step, jit_compile=True)
+    good, cache_after_good = compiled(x[:, 4:5], cache, ops.convert_to_tensor(4, "int32"))
+    assert np.all(np.isfinite(ops.convert_to_numpy(good)))
+    # Reset: the good step wrote slot 4 (in place on torch).
+    cache = layer.init_cache(1, 6)
+    _, cache = layer(x[:, :4], cache=cache, cache_index=0)
+    for index in (5, -1):  # 2 tokens at 5 overrun a 6-slot cache; -1 is before it
+        output, new_cache = compiled(x[:, 4:6], cache, ops.convert_to_tensor(index, "int32"))
+        assert np.all(np.isnan(ops.convert_to_numpy(output)))
+        for buffer, old in zip(new_cache, before, strict=True):
+            np.testing.assert_array_equal(ops.convert_to_numpy(buffer), old)
+
+
+# ---------------------------------------------------------- in-place (torch)
+@pytest.mark.skipif(BACKEND != "torch", reason="in-place buffers are a PyTorch property")
+def test_torch_step_writes_the_cache_in_place():
+    import torch
+
+    x = random_inputs(1, 6, 16)
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True, use_rope=True)
+    full = ops.convert_to_numpy(layer(x))
+    cache = layer.init_cache(1, 8)
+    pointers = [buffer.data_ptr() for buffer in cache]
+    with torch.no_grad():
+        _, cache = layer(x[:, :5], cache=cache, cache_index=0)
+        for index in (5, ops.convert_to_tensor(5, "int32")):  # int and tensor indices
+            step, returned = layer(x[:, 5:6], cache=cache, cache_index=index)
+            assert [buffer.data_ptr() for buffer in returned] == pointers
+            assert all(new is old for new, old in zip(returned, cache, strict=True))
+            np.testing.assert_allclose(ops.convert_to_numpy(step), full[:, 5:], atol=1e-5)
+    # With autograd recording, the update is functional so gradients stay right.
+    cache = layer.init_cache(1, 8)
+    output, new_cache = layer(x[:, :5], cache=cache, cache_index=0)
+    assert new_cache.key.data_ptr() != cache.key.data_ptr()
+    assert not np.any(ops.convert_to_numpy(cache.key))
+    output.sum().backward()
+    assert layer.key_kernel.value.grad is not None

@@ -205,6 +205,7 @@ def report_or_config_error(config: dict) -> None:
 # Found by a longer run: an unknown family (model_type [] or deleted) without a
 # feed-forward size was read as None and failed in the cost model.
 @example(config={**CARDS["tiiuae/falcon-40b"], "model_type": []})
+@example(config={"model_type": "deepseek_v2"})  # no experts per token: refused, not None
 @example(
     config={
         key: value

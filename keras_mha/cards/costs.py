@@ -395,7 +395,7 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
 
     total = attention + embeddings + mlp + norms + lm_head + other
     active = None
-    if moe_layers and spec.num_experts_per_tok is not None:
+    if moe_layers:
         # The spec guarantees num_experts_per_tok <= num_experts, so active <= total.
         unused_experts = spec.num_experts - spec.num_experts_per_tok
         active = total - moe_layers * unused_experts * _expert(spec)

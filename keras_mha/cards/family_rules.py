@@ -21,7 +21,6 @@ from typing import Any
 
 from keras_mha.cards.config_values import ConfigReader
 from keras_mha.cards.family_defaults import DBRX_ATTN_DEFAULTS
-from keras_mha.errors import ConfigError
 
 # `layer_types` strings (transformers' convention) -> the three kinds used here.
 LAYER_TYPE_KINDS = {
@@ -200,14 +199,11 @@ def window_layer_kinds(reader: ConfigReader, rule: str, fields: dict) -> tuple:
 # -- mixture of experts -------------------------------------------------------------------------
 
 
-def _experts_per_token(reader: ConfigReader, experts: int | None, default: Any = ConfigError):
+def _experts_per_token(reader: ConfigReader, experts: int | None) -> int:
+    """`num_experts_per_tok`, required wherever there are MoE layers: without it no token
+    can be routed (DeepseekV2Config defaults it to None; such a model cannot run)."""
     return reader.integer(
-        "num_experts_per_tok",
-        "experts",
-        default=default,
-        high=experts,
-        name="num_experts_per_tok",
-        nullable=default is None,
+        "num_experts_per_tok", "experts", high=experts, name="num_experts_per_tok"
     )
 
 
@@ -250,8 +246,7 @@ def _moe_deepseek(reader: ConfigReader, fields: dict) -> dict:
     shared = reader.integer("n_shared_experts", "count", default=0)
     return {
         "num_experts": experts,
-        # DeepseekV2Config's default is None: the model can be built but not run.
-        "num_experts_per_tok": _experts_per_token(reader, experts, default=None),
+        "num_experts_per_tok": _experts_per_token(reader, experts),
         "moe_intermediate_size": moe_size,
         "num_shared_experts": shared,
         "shared_expert_intermediate_size": moe_size * shared if shared else None,

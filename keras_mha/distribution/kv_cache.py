@@ -1,9 +1,10 @@
 """Sharding a KV cache along its KV heads, to sit next to head-parallel weights.
 
-The cache from `GroupedQueryAttention.init_cache` is a plain tensor the caller
-holds, `(batch, 2, max_length, num_key_value_heads, head_dim)`, not a layer
-variable, so no `LayoutMap` reaches it: place it with
-`keras.distribution.distribute_tensor` and the layout below. Split along the
+The cache from `GroupedQueryAttention.init_cache` is a `KVCache(key, value)`
+pair of tensors the caller holds, each `(batch, num_key_value_heads,
+max_length, head_dim)`, not layer variables, so no `LayoutMap` reaches them:
+place both with `distribute_kv_cache` (`keras.distribution.distribute_tensor`
+and the layout below). Split along the
 same mesh axis as the weights, each device keeps exactly the keys and values
 of the KV heads whose projections it holds, and writing a decode step into
 the cache needs no communication.
@@ -14,12 +15,13 @@ from __future__ import annotations
 import keras
 
 from keras_mha.distribution.head_parallel import _mesh_axis_size
+from keras_mha.layers.kv_cache import KVCache
 
-_CACHE_RANK = 5  # (batch, 2, max_length, num_key_value_heads, head_dim)
+_BUFFER_RANK = 4  # (batch, num_key_value_heads, max_length, head_dim)
 
 
 def kv_cache_layout(mesh, num_key_value_heads, model_axis="model", batch_axis=None):
-    """The `TensorLayout` of a KV cache under head parallelism.
+    """The `TensorLayout` of each KV-cache buffer under head parallelism.
 
     The KV-head dimension is split along `model_axis` (replicated when
     `num_key_value_heads` is 1, multi-query), and the batch dimension along
@@ -34,7 +36,8 @@ def kv_cache_layout(mesh, num_key_value_heads, model_axis="model", batch_axis=No
 
     Returns:
         A `keras.distribution.TensorLayout` with axes
-        `(batch_axis, None, None, model_axis or None, None)`.
+        `(batch_axis, model_axis or None, None, None)`, for the key and the
+        value buffer alike.
 
     Raises:
         ValueError: an axis is not in `mesh`, or `num_key_value_heads`
@@ -44,7 +47,7 @@ def kv_cache_layout(mesh, num_key_value_heads, model_axis="model", batch_axis=No
         >>> devices = [f"cpu:{i}" for i in range(8)]
         >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
         >>> kv_cache_layout(mesh, num_key_value_heads=4, batch_axis="batch").axes
-        ('batch', None, None, 'model', None)
+        ('batch', 'model', None, None)
     """
     heads_axis = None
     if model_axis is not None:
@@ -60,7 +63,7 @@ def kv_cache_layout(mesh, num_key_value_heads, model_axis="model", batch_axis=No
     if batch_axis is not None:
         _mesh_axis_size(mesh, batch_axis)
     return keras.distribution.TensorLayout(
-        (batch_axis, None, None, heads_axis, None), device_mesh=mesh
+        (batch_axis, heads_axis, None, None), device_mesh=mesh
     )
 
 
@@ -73,15 +76,18 @@ def distribute_kv_cache(cache, mesh, model_axis="model", batch_axis=None):
     `keras.distribution`'s model parallelism.
 
     Args:
-        cache: `(batch, 2, max_length, num_key_value_heads, head_dim)`.
+        cache: the `KVCache(key, value)` from `init_cache` (or returned by
+            the layer), each buffer `(batch, num_key_value_heads, max_length,
+            head_dim)`.
         mesh, model_axis, batch_axis: as in `kv_cache_layout`.
 
     Returns:
-        The cache, laid out on the mesh.
+        The cache, both buffers laid out on the mesh.
 
     Raises:
-        ValueError: not on the JAX backend; `cache` does not have rank 5; a
-            dimension is not divisible by the size of its mesh axis.
+        ValueError: not on the JAX backend; `cache` is not a (key, value) pair
+            of rank-4 buffers; a dimension is not divisible by the size of its
+            mesh axis.
 
     Example:
         >>> cache = layer.init_cache(batch_size=4, max_length=128)
@@ -94,18 +100,26 @@ def distribute_kv_cache(cache, mesh, model_axis="model", batch_axis=None):
             f"distribute_kv_cache needs the JAX backend (keras.distribution places tensors "
             f"on a mesh only there); the backend is {backend!r}."
         )
-    shape = tuple(cache.shape)
-    if len(shape) != _CACHE_RANK or shape[1] != 2:
+    shapes = [tuple(getattr(part, "shape", ())) for part in cache] if _is_pair(cache) else None
+    if shapes is None or any(len(shape) != _BUFFER_RANK for shape in shapes):
+        received = shapes if shapes is not None else tuple(getattr(cache, "shape", ()))
         raise ValueError(
-            "`cache` must have shape (batch, 2, max_length, num_key_value_heads, head_dim); "
-            f"received {shape}."
+            "`cache` must be the (key, value) pair from `init_cache`, each (batch, "
+            f"num_key_value_heads, max_length, head_dim); received {received}."
         )
+    batch_size, num_key_value_heads = shapes[0][:2]
     if batch_axis is not None:
         batch_axis_size = _mesh_axis_size(mesh, batch_axis)
-        if shape[0] % batch_axis_size:
+        if batch_size % batch_axis_size:
             raise ValueError(
-                f"The cache's batch size {shape[0]} is not divisible by the size "
+                f"The cache's batch size {batch_size} is not divisible by the size "
                 f"{batch_axis_size} of mesh axis {batch_axis!r}."
             )
-    layout = kv_cache_layout(mesh, shape[3], model_axis=model_axis, batch_axis=batch_axis)
-    return keras.distribution.distribute_tensor(cache, layout)
+    layout = kv_cache_layout(
+        mesh, num_key_value_heads, model_axis=model_axis, batch_axis=batch_axis
+    )
+    return KVCache(*(keras.distribution.distribute_tensor(part, layout) for part in cache))
+
+
+def _is_pair(cache):
+    return isinstance(cache, (tuple, list)) and len(cache) == 2

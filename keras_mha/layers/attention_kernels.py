@@ -78,6 +78,7 @@ def grouped_attention(
     seed_generator=None,
     training=False,
     return_weights=False,
+    key_heads_first=False,
 ):
     """Reference attention with `keras.ops`, grouping queries for GQA/MQA.
 
@@ -93,6 +94,8 @@ def grouped_attention(
         seed_generator: a `keras.random.SeedGenerator` for the dropout.
         training: whether dropout is active.
         return_weights: also return the weights, `(B, H, T, S)`, before dropout.
+        key_heads_first: `key` and `value` are `(B, Hkv, S, D)` (the layout of
+            the KV cache) instead of `(B, S, Hkv, D)`.
 
     Returns:
         `(B, T, H, Dv)` in the dtype of `value`, and the weights (float32)
@@ -104,12 +107,13 @@ def grouped_attention(
         >>> grouped_attention(q, kv, kv, scale=16**-0.5).shape
         (2, 5, 8, 16)
     """
-    num_key_value_heads = key.shape[2]
+    num_key_value_heads = key.shape[1 if key_heads_first else 2]
+    key_axes = "bksd" if key_heads_first else "bskd"
     compute_dtype = value.dtype
     # Scale before the product (as keras.layers.MultiHeadAttention does) so that
     # float16 logits stay small; everything after the product is float32.
     grouped_query = _split_query_groups(query * ops.cast(scale, query.dtype), num_key_value_heads)
-    logits = ops.einsum("btkgd,bskd->bkgts", grouped_query, key)
+    logits = ops.einsum(f"btkgd,{key_axes}->bkgts", grouped_query, key)
     logits = ops.cast(logits, "float32")
     if logit_soft_cap is not None:
         logits = ops.tanh(logits / logit_soft_cap) * logit_soft_cap
@@ -123,9 +127,9 @@ def grouped_attention(
     weights_before_dropout = weights
     if training and dropout_rate > 0.0:
         weights = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
-    output = ops.einsum("bkgts,bskd->btkgd", ops.cast(weights, compute_dtype), value)
+    output = ops.einsum(f"bkgts,{key_axes}->btkgd", ops.cast(weights, compute_dtype), value)
     out_shape = ops.shape(output)
-    output = ops.reshape(output, (out_shape[0], out_shape[1], query.shape[2], value.shape[3]))
+    output = ops.reshape(output, (out_shape[0], out_shape[1], query.shape[2], value.shape[-1]))
     if not return_weights:
         return output
     w_shape = ops.shape(weights_before_dropout)
@@ -136,7 +140,15 @@ def grouped_attention(
 
 
 def fused_attention(
-    query, key, value, mask=None, *, scale, is_causal=False, rows_may_be_empty=True
+    query,
+    key,
+    value,
+    mask=None,
+    *,
+    scale,
+    is_causal=False,
+    rows_may_be_empty=True,
+    key_heads_first=False,
 ):
     """The backend's fastest attention primitive, without repeating K/V.
 
@@ -147,6 +159,10 @@ def fused_attention(
         rows_may_be_empty: False when every query row of `mask` is known to
             allow at least one key (causal, window and cache masks in
             self-attention), which skips the guard for empty rows.
+        key_heads_first: `key` and `value` are `(B, Hkv, S, D)`, the layout of
+            the KV cache. PyTorch's SDPA reads them as they are; elsewhere the
+            grouped einsum does (a batched matmul per KV head, no transpose of
+            the cache), which is also the decode path of JAX and TensorFlow.
 
     On JAX, Keras picks cuDNN flash attention by itself where the GPU, dtype
     and shapes allow (`flash_attention=None`); forcing it would fail on CPU.
@@ -166,9 +182,17 @@ def fused_attention(
         # rows attend everywhere, then zero them below.
         row_has_key = rows_with_any_key(mask)
         mask = ops.logical_or(mask, ops.logical_not(row_has_key))
-    output = _fused_attention_without_empty_rows(
-        query, key, value, mask, scale=scale, is_causal=is_causal
-    )
+    if key_heads_first:
+        if keras.backend.backend() == "torch":
+            output = _torch_sdpa(
+                query, key, value, mask, scale=scale, is_causal=False, key_heads_first=True
+            )
+        else:
+            output = grouped_attention(query, key, value, mask, scale=scale, key_heads_first=True)
+    else:
+        output = _fused_attention_without_empty_rows(
+            query, key, value, mask, scale=scale, is_causal=is_causal
+        )
     if row_has_key is not None:
         # (B|1, 1|H, T, 1) -> (B|1, T, 1|H, 1) to line up with (B, T, H, D).
         output = output * ops.cast(ops.transpose(row_has_key, (0, 2, 1, 3)), output.dtype)
@@ -257,17 +281,47 @@ def causal_mask_for(query, key):
     return (key_positions <= query_positions)[None, None]
 
 
-def _torch_sdpa(query, key, value, mask, *, scale, is_causal):
+def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=False):
     import torch.nn.functional as functional
 
-    num_heads, num_key_value_heads = query.shape[2], key.shape[2]
+    if not key_heads_first:
+        key, value = key.transpose(1, 2), value.transpose(1, 2)
+    num_heads, num_key_value_heads = query.shape[2], key.shape[1]
+    if query.shape[1] == 1 and num_heads != num_key_value_heads:
+        return _torch_sdpa_one_query(query, key, value, mask, scale=scale)
     output = functional.scaled_dot_product_attention(
         query.transpose(1, 2),
-        key.transpose(1, 2),
-        value.transpose(1, 2),
+        key,
+        value,
         attn_mask=mask,
         is_causal=is_causal and mask is None,
         scale=scale,
         enable_gqa=num_heads != num_key_value_heads,
     )
     return output.transpose(1, 2)
+
+
+def _torch_sdpa_one_query(query, key, value, mask, *, scale):
+    """One query token: the query heads of each group become that group's queries.
+
+    `(B, 1, Hkv * G, D)` is viewed as `(B, Hkv, G, D)` against `(B, Hkv, S, D)`:
+    plain multi-head SDPA with `G` queries per head, no `enable_gqa` (whose CPU
+    kernel walks each query head separately) and no copy.
+    """
+    import torch.nn.functional as functional
+
+    batch, _, num_heads, head_dim = query.shape
+    num_key_value_heads = key.shape[1]
+    groups = num_heads // num_key_value_heads
+    grouped = query.reshape(batch, num_key_value_heads, groups, head_dim)
+    if mask is not None:
+        # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S), the query axis folded away.
+        if mask.shape[1] == 1:
+            mask = mask[:, :, 0][:, :, None]
+        else:
+            mask = mask.reshape(mask.shape[0], num_key_value_heads, groups, mask.shape[-1])
+    output = functional.scaled_dot_product_attention(
+        grouped, key, value, attn_mask=mask, scale=scale
+    )
+    # (B, Hkv, G, Dv) -> (B, 1, H, Dv): the heads are in order, so this is a view.
+    return output.reshape(batch, 1, num_heads, value.shape[-1])

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.layers import attention_kernels, masks, validation
+from keras_mha.layers import attention_kernels, kv_cache, masks, validation
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int
@@ -31,10 +31,25 @@ def _static_int(value):
 
         if torch.compiler.is_compiling():
             return None  # Reading the value would break the graph.
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return None  # Reading it back would stall the device's queue every step.
     try:
         return int(ops.convert_to_numpy(value))
     except Exception:  # A tracer (jax.jit, tf.function) has no value yet.
         return None
+
+
+def _reads_prefix_cheaply():
+    """Whether slicing the cache's written prefix is a free view (eager PyTorch).
+
+    Elsewhere the step attends to the whole fixed-length cache under a mask:
+    a slice would copy under XLA, and a new length per step would recompile.
+    """
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return not torch.compiler.is_compiling()
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
@@ -93,9 +108,10 @@ class GroupedQueryAttention(keras.layers.Layer):
             `(batch, num_heads, query_length, key_length)`.
         training: whether dropout is active.
         use_causal_mask: overrides the constructor's `causal` for this call.
-        cache: KV cache from `init_cache` `(batch, 2, max_length,
-            num_key_value_heads, head_dim)` for self-attention decoding, or from
-            `compute_cross_attention_cache` for cross-attention.
+        cache: KV cache from `init_cache` for self-attention decoding, or from
+            `compute_cross_attention_cache` for cross-attention: a
+            `KVCache(key, value)` pair, each `(batch, num_key_value_heads,
+            max_length, head_dim)`.
         cache_index: position of the first query token when decoding with a
             self-attention cache; the new keys/values are written there.
             None with a cache means the cache is read-only (cross-attention).
@@ -290,8 +306,14 @@ class GroupedQueryAttention(keras.layers.Layer):
 
     # ---------------------------------------------------------------- helpers
     def _project(self, inputs, kernel, bias):
-        projected = ops.einsum("btf,fhd->bthd", inputs, kernel)
-        return projected + bias if bias is not None else projected
+        # One matmul against the kernel viewed as (features, heads * head_dim):
+        # torch's einsum copies a permuted kernel on every call.
+        features, heads, head_dim = kernel.shape
+        projected = ops.matmul(inputs, ops.reshape(kernel, (features, heads * head_dim)))
+        if bias is not None:
+            projected = projected + ops.reshape(bias, (heads * head_dim,))
+        shape = ops.shape(inputs)
+        return ops.reshape(projected, (shape[0], shape[1], heads, head_dim))
 
     def _rms_norm(self, heads, scale):
         # In float32: mean of squares of float16 activations overflows easily.
@@ -308,20 +330,34 @@ class GroupedQueryAttention(keras.layers.Layer):
                 f"was built for {expected}."
             )
 
-    def _cache_shape(self, batch_size, max_length):
-        return (batch_size, 2, max_length, self.num_key_value_heads, self.head_dim)
-
     def init_cache(self, batch_size, max_length, dtype=None):
-        """A zero KV cache `(batch_size, 2, max_length, num_key_value_heads, head_dim)`.
+        """A zero KV cache for self-attention decoding of up to `max_length` tokens.
 
-        Its shape never changes while decoding, so a jitted decode step
-        compiles once. Only the KV heads are stored.
+        Returns a `KVCache(key, value)` pair (a NamedTuple, so a pytree / nest
+        that `jax.jit`, `tf.function` and `torch.compile` take as it is), each
+        buffer `(batch_size, num_key_value_heads, max_length, head_dim)`. Treat
+        it as opaque: pass it to the layer with `cache_index` and keep the cache
+        the layer returns. Its shape never changes while decoding, so a compiled
+        decode step compiles once. Only the KV heads are stored.
+
+        On PyTorch the buffers are updated in place (outside autograd: under
+        `torch.no_grad()` or when nothing requires a gradient); elsewhere the
+        layer returns updated buffers, which XLA writes in place when the cache
+        is donated (`jax.jit(step, donate_argnums=...)`).
+
+        Args:
+            batch_size: rows of the batch to decode.
+            max_length: positions the cache holds (prompt plus new tokens).
+            dtype: the buffers' dtype; None or the layer's compute dtype
+                (Keras converts floating call arguments to the compute dtype,
+                so a cache of another dtype would be copied at every step).
 
         Example:
             >>> layer = GroupedQueryAttention(8, 2, head_dim=16)
             >>> layer.build((None, None, 64))
-            >>> layer.init_cache(batch_size=1, max_length=32).shape
-            (1, 2, 32, 2, 16)
+            >>> cache = layer.init_cache(batch_size=1, max_length=32)
+            >>> tuple(cache.key.shape), tuple(cache.value.shape)
+            ((1, 2, 32, 16), (1, 2, 32, 16))
         """
         if not self.built:
             raise ValueError(
@@ -330,8 +366,14 @@ class GroupedQueryAttention(keras.layers.Layer):
             )
         _positive_int("batch_size", batch_size)
         _positive_int("max_length", max_length)
-        return ops.zeros(
-            self._cache_shape(batch_size, max_length), dtype=dtype or self.compute_dtype
+        dtype = keras.backend.standardize_dtype(dtype or self.compute_dtype)
+        if dtype != self.compute_dtype:
+            raise ValueError(
+                f"`dtype` of a KV cache must be the layer's compute dtype "
+                f"{self.compute_dtype!r} (or None); received {dtype!r}."
+            )
+        return kv_cache.KVCache.zeros(
+            batch_size, self.num_key_value_heads, max_length, self.head_dim, dtype
         )
 
     def compute_cross_attention_cache(self, value, key=None):
@@ -352,7 +394,7 @@ class GroupedQueryAttention(keras.layers.Layer):
                 k = self._rms_norm(k, self.key_norm_scale)
             if self.use_rope:
                 k = self.rotary_embedding(k)
-        return ops.stack([k, v], axis=1)
+        return kv_cache.KVCache(ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3)))
 
     def _can_use_fused(self, return_attention_scores, training):
         reasons = []
@@ -407,58 +449,119 @@ class GroupedQueryAttention(keras.layers.Layer):
         validation.check_call_inputs(query, value, key)
         self._check_features("query", query, self._query_features)
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
+        use_fused = self._can_use_fused(return_attention_scores, training)
 
         q = self._project(query, self.query_kernel, getattr(self, "query_bias", None))
         if self.use_qk_norm:
             q = self._rms_norm(q, self.query_norm_scale)
 
-        query_offset = None
         if cache is not None and cache_index is None:
             # Read-only cache (cross-attention): keys/values were projected once.
             if not self_attention:
                 raise ValueError(
                     "Pass either `value` or a read-only `cache` (cross-attention), not both."
                 )
-            self._check_cache(cache, query)
-            k, v = cache[:, 0], cache[:, 1]
-            value_mask = key_mask = None
+            cache = self._checked_cache(cache, query)
             if self.use_rope:
                 q = self.rotary_embedding(q)
-        else:
-            self._check_features("value", value, self._value_features)
-            self._check_features("key", key, self._key_features)
-            k = self._project(key, self.key_kernel, getattr(self, "key_bias", None))
-            v = self._project(value, self.value_kernel, getattr(self, "value_bias", None))
-            if self.use_qk_norm:
-                k = self._rms_norm(k, self.key_norm_scale)
-            if cache is not None:
-                if not self_attention:
-                    raise ValueError(
-                        "A cache with `cache_index` is for self-attention decoding; for "
-                        "cross-attention build one with `compute_cross_attention_cache` and "
-                        "call without `value` and without `cache_index`."
-                    )
-                self._check_cache(cache, query, cache_index)
-                query_offset = cache_index
-                # Keys were padded by the cache, not by this call's mask: the
-                # caller passes `attention_mask` over the whole cache instead.
-                value_mask = key_mask = None
-            if self.use_rope:
-                positions = ops.arange(ops.shape(query)[1], dtype="int32")
-                if query_offset is not None:
-                    positions = positions + ops.cast(query_offset, "int32")
-                q = self.rotary_embedding(q, positions=positions)
-                k = self.rotary_embedding(k, positions=positions if cache is not None else None)
-            if cache is not None:
-                update = ops.stack([k, v], axis=1)
-                # A Python int keeps Keras's fast static-slice update (torch eager).
-                index = (
-                    cache_index if isinstance(cache_index, int) else ops.cast(cache_index, "int32")
-                )
-                start = [0, 0, index, 0, 0]
-                cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
-                k, v = cache[:, 0], cache[:, 1]
+            heads, scores = self._attend_cache(
+                q, cache, None, None, attention_mask, query_mask, False, use_fused, training
+            )
+            return self._finish(heads, scores, None, return_attention_scores, cache)
 
+        self._check_features("value", value, self._value_features)
+        self._check_features("key", key, self._key_features)
+        k = self._project(key, self.key_kernel, getattr(self, "key_bias", None))
+        v = self._project(value, self.value_kernel, getattr(self, "value_bias", None))
+        if self.use_qk_norm:
+            k = self._rms_norm(k, self.key_norm_scale)
+        if cache is None:
+            if self.use_rope:
+                q = self.rotary_embedding(q)
+                k = self.rotary_embedding(k)
+            heads, scores = self._attend(
+                q,
+                k,
+                v,
+                attention_mask,
+                query_mask,
+                value_mask,
+                key_mask,
+                causal,
+                self_attention,
+                use_fused,
+                training,
+            )
+            return self._finish(heads, scores, None, return_attention_scores, None)
+
+        if not self_attention:
+            raise ValueError(
+                "A cache with `cache_index` is for self-attention decoding; for "
+                "cross-attention build one with `compute_cross_attention_cache` and "
+                "call without `value` and without `cache_index`."
+            )
+        cache = self._checked_cache(cache, query)
+        start = _static_int(cache_index)
+        kv_cache.check_static_write(start, query.shape[1], cache.max_length)
+        if self.use_rope:
+            positions = ops.arange(ops.shape(query)[1], dtype="int32")
+            if start != 0:
+                positions = positions + (
+                    start if start is not None else ops.cast(cache_index, "int32")
+                )
+            q = self.rotary_embedding(q, positions=positions)
+            k = self.rotary_embedding(k, positions=positions)
+        cache, valid = kv_cache.write(cache, k, v, cache_index, start)
+        # Keys were padded by the cache, not by this call's mask: the caller
+        # passes `attention_mask` over the whole cache instead.
+        if start == 0 and k.dtype == cache.key.dtype:
+            # A prefill: the cache holds exactly these keys so far, so attend
+            # to them as they are, with the fused / blockwise causal paths.
+            if attention_mask is not None:
+                attention_mask = self._mask_prefix(attention_mask, query, cache.max_length)
+            heads, scores = self._attend(
+                q, k, v, attention_mask, query_mask, None, None, causal, True, use_fused, training
+            )
+        else:
+            heads, scores = self._attend_cache(
+                q,
+                cache,
+                cache_index,
+                start,
+                attention_mask,
+                query_mask,
+                causal,
+                use_fused,
+                training,
+            )
+        return self._finish(heads, scores, valid, return_attention_scores, cache)
+
+    def _mask_prefix(self, attention_mask, query, max_length):
+        """The first `query_length` keys of a mask given over the whole cache."""
+        mask = masks.normalise_attention_mask(
+            attention_mask,
+            batch=query.shape[0],
+            query_length=query.shape[1],
+            key_length=max_length,
+            num_heads=self.num_heads,
+        )
+        return mask[..., : query.shape[1]]
+
+    def _attend(
+        self,
+        q,
+        k,
+        v,
+        attention_mask,
+        query_mask,
+        value_mask,
+        key_mask,
+        causal,
+        self_attention,
+        use_fused,
+        training,
+    ):
+        """Attention of projected `q` `(B, T, H, D)` over `k`, `v` `(B, S, Hkv, D)`."""
         mask, plain_causal = masks.combine_masks(
             query=q,
             key=k,
@@ -469,54 +572,131 @@ class GroupedQueryAttention(keras.layers.Layer):
             key_mask=key_mask,
             causal=causal,
             sliding_window=self.sliding_window,
-            query_offset=query_offset,
         )
-        use_fused = self._can_use_fused(return_attention_scores, training)
         if plain_causal and not use_fused:
             # Only the fused kernels apply a causal mask by themselves.
             mask = attention_kernels.causal_mask_for(q, k)
             plain_causal = False
-
-        scale = self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
-        k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
-        scores = None
-        if use_fused:
-            if plain_causal and attention_kernels.prefers_blockwise_causal(q, k):
-                heads = attention_kernels.blockwise_causal_attention(
-                    q, k, v, scale=scale, block_size=attention_kernels.CAUSAL_BLOCK_SIZE
-                )
-            else:
-                # Causal, window and cache masks always leave a query its own
-                # key in self-attention; only these masks can empty a row.
-                rows_may_be_empty = not self_attention or any(
-                    m is not None for m in (attention_mask, query_mask, value_mask, key_mask)
-                )
-                heads = attention_kernels.fused_attention(
-                    q,
-                    k,
-                    v,
-                    mask,
-                    scale=scale,
-                    is_causal=plain_causal,
-                    rows_may_be_empty=rows_may_be_empty,
-                )
-        else:
-            heads, scores = attention_kernels.grouped_attention(
-                q,
-                k,
-                v,
-                mask,
-                scale=scale,
-                logit_soft_cap=self.logit_soft_cap,
-                dropout_rate=self.dropout,
-                seed_generator=self.seed_generator,
-                training=bool(training),
-                return_weights=True,
+        scale = self._scale()
+        if k.dtype != q.dtype:
+            k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
+        if not use_fused:
+            return self._generic_attention(q, k, v, mask, scale, training)
+        if plain_causal and attention_kernels.prefers_blockwise_causal(q, k):
+            heads = attention_kernels.blockwise_causal_attention(
+                q, k, v, scale=scale, block_size=attention_kernels.CAUSAL_BLOCK_SIZE
             )
+            return heads, None
+        # Causal, window and cache masks always leave a query its own key in
+        # self-attention; only these masks can empty a row.
+        rows_may_be_empty = not self_attention or any(
+            m is not None for m in (attention_mask, query_mask, value_mask, key_mask)
+        )
+        heads = attention_kernels.fused_attention(
+            q,
+            k,
+            v,
+            mask,
+            scale=scale,
+            is_causal=plain_causal,
+            rows_may_be_empty=rows_may_be_empty,
+        )
+        return heads, None
+
+    def _attend_cache(
+        self, q, cache, cache_index, start, attention_mask, query_mask, causal, use_fused, training
+    ):
+        """Attention of `q` `(B, T, H, D)` over the cache's written positions.
+
+        `cache_index` is None for a read-only (cross-attention) cache, where
+        every position counts; `start` is its Python int when known.
+        """
+        keys, values = cache.key, cache.value
+        query_length = q.shape[1]
+        key_length = cache.max_length
+        offset = cache_index
+        if cache_index is not None and start is not None and _reads_prefix_cheaply():
+            # Eager PyTorch: attend to the written prefix only (a view, no copy),
+            # which needs no mask for a single token.
+            stop = start + query_length
+            first = 0
+            if self.sliding_window is not None and causal:
+                first = max(0, start - self.sliding_window + 1)
+            keys, values = keys[:, :, first:stop], values[:, :, first:stop]
+            if attention_mask is not None:
+                mask = masks.normalise_attention_mask(
+                    attention_mask,
+                    batch=q.shape[0],
+                    query_length=query_length,
+                    key_length=key_length,
+                    num_heads=self.num_heads,
+                )
+                attention_mask = mask[..., first:stop]
+            key_length, offset = stop - first, start - first
+            if query_length == 1 and attention_mask is None and query_mask is None:
+                offset = None  # Every key of the prefix is visible: no mask at all.
+        mask = None
+        if offset is not None or attention_mask is not None or query_mask is not None:
+            mask, _ = masks.combine_masks(
+                query=q,
+                key_length=key_length,
+                num_heads=self.num_heads,
+                attention_mask=attention_mask,
+                query_mask=query_mask,
+                causal=causal and offset is not None,
+                sliding_window=self.sliding_window if offset is not None else None,
+                query_offset=offset,
+            )
+        if keys.dtype != q.dtype:
+            keys, values = ops.cast(keys, q.dtype), ops.cast(values, q.dtype)
+        scale = self._scale()
+        if not use_fused:
+            return self._generic_attention(q, keys, values, mask, scale, training, True)
+        rows_may_be_empty = attention_mask is not None or query_mask is not None
+        heads = attention_kernels.fused_attention(
+            q,
+            keys,
+            values,
+            mask,
+            scale=scale,
+            rows_may_be_empty=rows_may_be_empty,
+            key_heads_first=True,
+        )
+        return heads, None
+
+    def _scale(self):
+        return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
+
+    def _generic_attention(self, q, k, v, mask, scale, training, key_heads_first=False):
+        return attention_kernels.grouped_attention(
+            q,
+            k,
+            v,
+            mask,
+            scale=scale,
+            logit_soft_cap=self.logit_soft_cap,
+            dropout_rate=self.dropout,
+            seed_generator=self.seed_generator,
+            training=bool(training),
+            return_weights=True,
+            key_heads_first=key_heads_first,
+        )
+
+    def _finish(self, heads, scores, valid, return_attention_scores, cache):
+        """Gate the heads, project the output, and assemble the call's results."""
         heads = heads * ops.cast(self.head_gates, heads.dtype)[:, None]
-        output = ops.einsum("bthd,hdo->bto", heads, self.output_kernel)
+        num_heads, head_dim, output_dim = self.output_kernel.shape
+        shape = ops.shape(heads)
+        output = ops.matmul(
+            ops.reshape(heads, (shape[0], shape[1], num_heads * head_dim)),
+            ops.reshape(self.output_kernel, (num_heads * head_dim, output_dim)),
+        )
         if self.use_output_bias:
             output = output + self.output_bias
+        if valid is not None:
+            # A traced cache_index overran the cache: the write was skipped, and
+            # NaN outputs make sure the step cannot pass for a good one.
+            output = ops.where(valid, output, ops.cast(float("nan"), output.dtype))
         results = [output]
         if return_attention_scores:
             results.append(scores)
@@ -524,22 +704,14 @@ class GroupedQueryAttention(keras.layers.Layer):
             results.append(cache)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def _check_cache(self, cache, query, cache_index=None):
-        expected = (self.num_key_value_heads, self.head_dim)
-        if len(cache.shape) != 5 or cache.shape[1] != 2 or tuple(cache.shape[3:]) != expected:
-            raise ValueError(
-                f"`cache` must have shape (batch, 2, max_length, num_key_value_heads="
-                f"{expected[0]}, head_dim={expected[1]}); received {tuple(cache.shape)}."
-            )
-        max_length, query_length = cache.shape[2], query.shape[1]
-        start = _static_int(cache_index)
-        if start is not None and max_length is not None and query_length is not None:
-            if start < 0 or start + query_length > max_length:
-                raise ValueError(
-                    f"Writing {query_length} token(s) at `cache_index`={start} overruns the "
-                    f"cache: its max_length is {max_length}. Allocate a longer cache with "
-                    "`init_cache(batch_size, max_length)`."
-                )
+    def _checked_cache(self, cache, query):
+        return kv_cache.as_kv_cache(
+            cache,
+            batch_size=query.shape[0],
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            layer_dtype=self.compute_dtype,
+        )
 
     # ---------------------------------------------------------------- shapes
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
@@ -574,7 +746,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         results = [output]
         if return_attention_scores:
             if cache is not None:
-                key_length = cache.shape[2]
+                key_length = cache[0].shape[2]
             else:
                 key_length = (
                     key if key is not None else value if value is not None else query
@@ -585,7 +757,11 @@ class GroupedQueryAttention(keras.layers.Layer):
                 )
             )
         if cache is not None:
-            results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
+            results.append(
+                kv_cache.KVCache(
+                    *(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache)
+                )
+            )
         return results[0] if len(results) == 1 else tuple(results)
 
     def compute_mask(self, query, previous_mask=None):

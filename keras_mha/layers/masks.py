@@ -83,7 +83,7 @@ def _padding_mask(name, mask, *, batch, length, axis_name):
 def combine_masks(
     *,
     query,
-    key,
+    key=None,
     num_heads,
     attention_mask=None,
     query_mask=None,
@@ -92,6 +92,7 @@ def combine_masks(
     causal=False,
     sliding_window=None,
     query_offset=None,
+    key_length=None,
 ):
     """Build the combined boolean mask, or None when nothing is masked.
 
@@ -107,6 +108,8 @@ def combine_masks(
             positions (including their own). Implies causal.
         query_offset: position of the first query (KV-cache decoding); when set,
             keys at or beyond `query_offset + T` (unwritten cache slots) are masked.
+        key_length: the number of keys `S`, when `key` is None (a KV cache
+            stored heads first); an int or a scalar tensor.
 
     Returns:
         `(mask, is_plain_causal)`: `mask` is boolean `(B|1, 1|H, T, S)` or None;
@@ -120,7 +123,10 @@ def combine_masks(
         (None, True)
     """
     batch = _static_dim(query, 0)
-    query_length, key_length = _static_dim(query, 1), _static_dim(key, 1)
+    query_length = _static_dim(query, 1)
+    if key is not None:
+        key_length = ops.shape(key)[1]
+    static_key_length = key_length if isinstance(key_length, int) else None
     causal = causal or sliding_window is not None
     has_other = any(m is not None for m in (attention_mask, query_mask, value_mask, key_mask))
     if causal and not has_other and sliding_window is None and query_offset is None:
@@ -138,7 +144,7 @@ def combine_masks(
             attention_mask,
             batch=batch,
             query_length=query_length,
-            key_length=key_length,
+            key_length=static_key_length,
             num_heads=num_heads,
         )
     if query_mask is not None:
@@ -149,7 +155,7 @@ def combine_masks(
     for name, padding in (("value_mask", value_mask), ("key_mask", key_mask)):
         if padding is not None:
             cols = _padding_mask(
-                name, padding, batch=batch, length=key_length, axis_name="key_length"
+                name, padding, batch=batch, length=static_key_length, axis_name="key_length"
             )
             mask = merge(mask, cols[:, None, None, :])
     if causal or query_offset is not None:
@@ -157,7 +163,7 @@ def combine_masks(
         if query_offset is not None:
             query_positions = query_positions + ops.cast(query_offset, "int32")
         query_positions = query_positions[:, None]
-        key_positions = ops.arange(ops.shape(key)[1], dtype="int32")[None, :]
+        key_positions = ops.arange(key_length, dtype="int32")[None, :]
         if causal:
             positional = key_positions <= query_positions
             if sliding_window is not None:
@@ -169,7 +175,7 @@ def combine_masks(
             last_written = query_positions[-1:] if query_offset is not None else None
             positional = ops.broadcast_to(
                 key_positions <= last_written,
-                (ops.shape(query)[1], ops.shape(key)[1]),
+                (ops.shape(query)[1], key_length),
             )
         mask = merge(mask, positional[None, None])
     return mask, False
