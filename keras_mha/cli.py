@@ -8,7 +8,7 @@
     keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
     keras-mha cards                      list the bundled cards
     keras-mha --version
-    keras-mha bench [layers|inspect] ... benchmarks (default: layers)
+    keras-mha bench [layers|model] ...   benchmarks (default: layers)
 
 MODEL is a Hub model id or model page URL, a local directory or config.json, or
 `bundled:org/name`. Errors are one line on stderr (`keras-mha: error: ...`), never a
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "gpt2", "--seq-len", "1k"]).seq_len
         [1024]
     """
-    from keras_mha.commands import compare, options
+    from keras_mha.commands import compare, options, prune
 
     parser = ArgumentParser(
         prog=PROGRAM,
@@ -219,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     subcommands.add_parser("cards", help="list the bundled model cards")
     compare.add_parser(subcommands)
+    prune.add_parser(subcommands)
     subcommands.add_parser(
         "bench",
-        help="benchmarks: `bench layers [...]` (default) or `bench inspect [...]`",
+        help="benchmarks: `bench layers [...]` (default) or `bench model [...]`",
         add_help=False,
     )
     return parser
@@ -487,43 +488,45 @@ def _list_cards() -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    """`bench` [layers|inspect] [args]: the first word picks the benchmark (default layers)."""
+    """`bench [layers|model] [args]`: the first word picks the benchmark (default layers)."""
     if argv and argv[0] in ("-h", "--help"):
         sys.stdout.write(
-            f"usage: {PROGRAM} bench [layers|inspect] [ARGS...]\n\n"
-            "  layers   attention-layer speed across backends (the default)\n"
-            "  inspect  startup time of `keras-mha inspect` beside transformers' meta-device "
-            "instantiation\n\nRun `keras-mha bench layers --help` or `keras-mha bench inspect "
-            "--help` for their options.\n"
+            f"usage: {PROGRAM} bench [layers|model] [ARGS...]\n\n"
+            "  layers  attention layers against Keras, keras-hub and the backend's fused kernel "
+            "(the default)\n"
+            "  model   whole models (keras_mha.models.bench)\n\n"
+            f"Run `{PROGRAM} bench layers --help` or `{PROGRAM} bench model --help` for options.\n"
         )
         return 0
     target = "layers"
-    if argv and argv[0] in ("layers", "inspect"):
+    if argv and argv[0] in _BENCHMARKS:
         target, argv = argv[0], argv[1:]
-    module_name = {
-        "layers": "keras_mha.benchmarks.layers",
-        "inspect": "keras_mha.benchmarks.inspect_startup",
-    }[target]
+    module_name, function_name = _BENCHMARKS[target]
     import importlib
+
+    from keras_mha.errors import KerasMHAError, MissingDependencyError
 
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name == module_name or module_name.startswith(f"{error.name}."):
-            return _fail(
-                f"bench {target}: {module_name} is not available in this installation "
-                f"({error}); reinstall keras-mha from a complete source tree",
-                1,
-            )
-        return _fail(
-            f"bench {target}: a package it needs is missing ({error}); "
-            "install it (e.g. pip install 'keras-mha[jax]' or a backend of your choice)",
-            1,
-        )
+            message = f"bench {target}: {module_name} is not part of this keras-mha installation"
+        else:
+            message = f"bench {target}: needs the package {error.name!r}, which is not installed"
+        return _fail(message, MissingDependencyError.exit_code)
     try:
-        return int(module.main(argv) or 0)
+        return int(getattr(module, function_name)(argv) or 0)
+    except KerasMHAError as error:
+        return _fail(f"bench {target}: {error}", error.exit_code)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+# `bench` targets: (module, function taking argv and returning the exit status), imported lazily.
+_BENCHMARKS = {
+    "layers": ("keras_mha.benchmarks.layers", "main"),
+    "model": ("keras_mha.models.bench", "run_model_benchmark"),
+}
 
 
 def _fail(message: str, exit_code: int, secrets=()) -> int:

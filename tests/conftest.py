@@ -25,11 +25,23 @@ os.environ.setdefault(
 )
 
 
+# On a GPU, XLA computes float32 matmuls in TF32 unless told otherwise; the float32
+# tests compare against float64 NumPy and torch references at 1e-5, which TF32's
+# 10-bit mantissa misses. Exact float32 in the test run (no effect on CPUs); a
+# caller's setting wins. torch keeps float32 matmuls exact by default.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+
 def current_backend() -> str:
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
 def pytest_configure(config):
+    if current_backend() == "tensorflow":
+        # TensorFlow also uses TF32 for float32 matmuls on Ampere and newer GPUs.
+        import tensorflow as tf
+
+        tf.config.experimental.enable_tensor_float_32_execution(False)
     config.addinivalue_line(
         "markers",
         "backend_independent: pure-Python test; runs once, under "

@@ -10,6 +10,13 @@ import numpy as np
 from keras import ops
 
 
+def to_numpy(x, dtype=np.float64):
+    """NumPy copy of a NumPy array or any backend tensor, on any device (cuda included)."""
+    if x is None or isinstance(x, np.ndarray | np.generic | list | tuple | bool | int | float):
+        return np.asarray(x, dtype)
+    return np.asarray(ops.convert_to_numpy(x), dtype)
+
+
 def layer_weights(layer):
     """The layer's variables as float64 NumPy arrays, by attribute name."""
     names = (
@@ -69,8 +76,8 @@ def attention_numpy(
     Returns `(output (B, T, F_out), weights (B, H, T, S))`.
     """
     w = layer_weights(layer)
-    query = np.asarray(query, np.float64)
-    value = query if value is None else np.asarray(value, np.float64)
+    query = to_numpy(query)
+    value = query if value is None else to_numpy(value)
     q = np.einsum("btf,fhd->bthd", query, w["query_kernel"]) + w.get("query_bias", 0)
     k = np.einsum("bsf,fhd->bshd", value, w["key_kernel"]) + w.get("key_bias", 0)
     v = np.einsum("bsf,fhd->bshd", value, w["value_kernel"]) + w.get("value_bias", 0)
@@ -90,7 +97,7 @@ def attention_numpy(
         logits = soft_cap * np.tanh(logits / soft_cap)
     allowed = np.ones((batch, num_heads, query_length, key_length), bool)
     if mask is not None:
-        allowed &= np.asarray(mask, bool)[:, None]
+        allowed &= to_numpy(mask, bool)[:, None]
     i = np.arange(query_length)[:, None]
     j = np.arange(key_length)[None, :]
     if causal or sliding_window:

@@ -1,4 +1,4 @@
-"""`keras-mha inspect`, `cards` and `bench`: formats, README JSON keys, exit codes, imports."""
+"""`keras-mha inspect` and `cards`: formats, README JSON keys, exit codes, imports."""
 
 import json
 import subprocess
@@ -296,39 +296,7 @@ def test_cards_lists_the_bundled_cards(capsys):
     assert [line.split("\t")[0] for line in out.splitlines()] == list_bundled()
 
 
-def test_bench_inspect_measures_startup(capsys):
-    exit_code, out, err = run_cli(
-        capsys, "bench", "inspect", "--repeat", "1", "--skip-transformers", "--format", "json"
-    )
-    assert exit_code == 0, err
-    result = json.loads(out)
-    names = [timing["name"] for timing in result["timings"]]
-    assert names == ["python startup", "keras-mha inspect"]
-    assert all(timing["min_s"] > 0 for timing in result["timings"])
-    assert "skipped" in result["transformers"]
-
-
-def test_bench_layers_missing_module_is_a_clear_error(capsys, monkeypatch):
-    # A None entry in sys.modules makes `import keras_mha.benchmarks.layers` fail.
-    monkeypatch.setitem(sys.modules, "keras_mha.benchmarks.layers", None)
-    exit_code, _, err = run_cli(capsys, "bench", "layers", "--help")
-    assert exit_code == 1
-    assert err.startswith("keras-mha: error: bench layers:") and err.count("\n") == 1
-
-
-def test_bench_without_subcommand_runs_layers(capsys, monkeypatch):
-    calls = []
-
-    class FakeLayersBenchmark:
-        @staticmethod
-        def main(argv):
-            calls.append(argv)
-            return 0
-
-    monkeypatch.setitem(sys.modules, "keras_mha.benchmarks.layers", FakeLayersBenchmark)
-    assert cli.main(["bench", "--steps", "3"]) == 0
-    assert cli.main(["bench"]) == 0
-    assert calls == [["--steps", "3"], []]
+# `bench` dispatch and its errors: tests/test_benchmarks.py.
 
 
 def test_kv_dtype_choices_match_the_cost_model():

@@ -219,14 +219,37 @@ def test_gemma3_vision_head_counts_match_transformers():
     assert counts.total == count_parameters(build_on_meta(raw))
 
 
+def transformers_cache_layout(text_config) -> tuple[list[str], list[dict]]:
+    """Per-layer cache types and kwargs, as the installed transformers derives them.
+
+    transformers 5 has `cache_utils.get_layer_types_and_kwargs`; 4.5x has no such
+    function and builds its caches from `config.layer_types`, else one type for every
+    layer from `sliding_window` / `attention_chunk_size` (`DynamicCache.__init__`).
+    """
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+    except ImportError:
+        get_layer_types_and_kwargs = None
+    if get_layer_types_and_kwargs is not None and hasattr(text_config, "per_layer_config"):
+        return get_layer_types_and_kwargs(text_config)
+    sliding_window = getattr(text_config, "sliding_window", None)
+    chunk = getattr(text_config, "attention_chunk_size", None)
+    layer_types = getattr(text_config, "layer_types", None)
+    if layer_types is None:
+        kind = "sliding_attention" if sliding_window else "chunked_attention" if chunk else None
+        layer_types = [kind or "full_attention"] * text_config.num_hidden_layers
+    layer_types = ["dummy" if t in ("moe", "mlp") else t for t in layer_types]
+    window = {"sliding_attention": sliding_window, "chunked_attention": chunk}
+    kwargs = [{"sliding_window": window[t]} if t in window else {} for t in layer_types]
+    return layer_types, kwargs
+
+
 @pytest.mark.parametrize("card_id", CARD_IDS)
 def test_layer_kinds_match_the_cache_layout_transformers_derives(card_id):
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
     raw = load_card(card_id)
     spec = from_config(raw)
     text_config = transformers_config(raw).get_text_config(decoder=True)
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(text_config)
+    layer_types, layer_kwargs = transformers_cache_layout(text_config)
     assert tuple(LAYER_TYPE_KINDS[layer_type] for layer_type in layer_types) == spec.layer_kinds
     windows = {kwargs["sliding_window"] for kwargs in layer_kwargs if "sliding_window" in kwargs}
     assert windows == ({spec.sliding_window} if spec.sliding_window else set())

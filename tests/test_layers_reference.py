@@ -172,7 +172,8 @@ def test_matches_torch_sdpa(flash_attention, num_heads, num_kv_heads, causal):
     )
     layer(x)
     randomise(layer)
-    tx = torch.from_numpy(x)
+    # The reference runs where the layer's weights live (cuda on a GPU machine).
+    tx = torch.from_numpy(x).to(layer.query_kernel.value.device)
     q = (
         torch.einsum("btf,fhd->bhtd", tx, layer.query_kernel.value)
         + layer.query_bias.value[None, :, None]
@@ -191,4 +192,4 @@ def test_matches_torch_sdpa(flash_attention, num_heads, num_kv_heads, causal):
     heads = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     expected = torch.einsum("bhtd,hdo->bto", heads, layer.output_kernel.value)
     expected = expected + layer.output_bias.value
-    np.testing.assert_allclose(as_numpy(layer(x)), expected.detach().numpy(), atol=ATOL)
+    np.testing.assert_allclose(as_numpy(layer(x)), expected.detach().cpu().numpy(), atol=ATOL)

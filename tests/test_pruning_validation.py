@@ -21,6 +21,7 @@ from keras_mha.pruning import (
     get_head_gates,
     head_importance,
     heads_to_prune,
+    model_attention_flops,
     prune_heads,
     set_head_gates,
 )
@@ -349,3 +350,7 @@ def test_heads_to_prune_and_head_importance_refuse_bad_arguments():
         head_importance(model, method="magnitude", batch_size=-1)
     with pytest.raises(PruningError, match=r"`max_batches` must be .*; received nan"):
         head_importance(model, method="magnitude", max_batches=NAN)
+    with pytest.raises(ValueError, match=r"`query_length` must be a positive integer; received -3"):
+        model_attention_flops(model, -3)
+    with pytest.raises(ValueError, match=r"`key_length` must be a positive integer; received nan"):
+        model_attention_flops(model, 4, NAN)

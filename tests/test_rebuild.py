@@ -200,8 +200,11 @@ def test_the_language_model_is_picked_over_a_vision_tower():
 
 
 def test_unknown_and_unsupported_namings_are_named():
-    with pytest.raises(CheckpointError, match="Falcon's fused self_attention.query_key_value"):
-        find_attention_tensors(["transformer.h.0.self_attention.query_key_value.weight"], 0)
+    falcon = find_attention_tensors(["transformer.h.0.self_attention.query_key_value.weight"], 0)
+    assert (falcon.naming, falcon.output) == (
+        "falcon_qkv",
+        "transformer.h.0.self_attention.dense.weight",
+    )
     with pytest.raises(CheckpointError, match="no attention tensors of layer_index=3"):
         find_attention_tensors(["model.layers.0.self_attn.q_proj.weight"], 3, where="x.safetensors")
 

@@ -20,7 +20,9 @@ Namings understood (any prefix before them, e.g. `model.`, `bert.`, `transformer
 - `c_attn`: `h.{i}.attn.c_attn` + `c_proj`, GPT-2's Conv1D `(in, out)` or
   GPTBigCode's Linear `(out, in)` (GPT-2, StarCoder);
 - `query_key_value`: `layers.{i}.attention.query_key_value` (q, k, v per head) +
-  `dense` (GPT-NeoX, Pythia).
+  `dense` (GPT-NeoX, Pythia);
+- `falcon_qkv`: `h.{i}.self_attention.query_key_value` (per KV group: its query heads,
+  then its key and value) + `dense` (Falcon 7B/40B/180B, Falcon 2).
 
 torch's `Linear` keeps its weight as `(out, in)`; GPT-2's `Conv1D` as `(in, out)`.
 Gemma 3 normalises with `1 + weight`; the layer's norm multiplies by its scale, so
@@ -56,7 +58,6 @@ ATTENTION_PARTS = ("self", "cross", "encoder")
 
 # Gemma 3 stores its RMS-norm weights as `w` and multiplies by `1 + w`.
 _ONE_PLUS_WEIGHT_NORM_FAMILIES = frozenset({"gemma3_text"})
-
 
 
 # -- reading tensors ----------------------------------------------------------------------------
@@ -148,6 +149,14 @@ class SafetensorsCheckpoint:
         """The file holding `key`."""
         return self._file_of[key]
 
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        """The shape of tensor `key`, read from its file's header (no data is read)."""
+        path = self._file_of[key]
+        headers = self.__dict__.setdefault("_headers", {})
+        if path not in headers:
+            headers[path] = _read_header(path)
+        return tuple(int(n) for n in headers[path][key]["shape"])
+
     def describe(self) -> str:
         """The checkpoint's file (or index) for messages."""
         if (self.directory / INDEX_FILE_NAME).is_file():
@@ -180,7 +189,8 @@ class AttentionTensorNames:
     """The checkpoint keys of one attention block, and how they are laid out.
 
     Attributes:
-        naming: "q_proj", "qkv_proj", "bert", "c_attn" or "query_key_value" (module docstring).
+        naming: "q_proj", "qkv_proj", "bert", "c_attn", "query_key_value" or "falcon_qkv"
+            (module docstring).
         query, key, value: keys of the separate projections' weights (None when fused).
         fused: key of the fused q/k/v weight (None when separate).
         output: key of the output projection's weight.
@@ -319,15 +329,17 @@ def find_attention_tensors(
             return AttentionTensorNames(
                 naming, fused=f"{prefix}query_key_value.weight", output=f"{prefix}dense.weight"
             )
-    if any(
-        re.fullmatch(rf"(?:.*\.)?h\.{index}\.self_attention\.query_key_value\.weight", k)
-        for k in keys
-    ):
-        raise CheckpointError(
-            f"{where}: layer {index} uses Falcon's fused self_attention.query_key_value, whose "
-            f"layout keras-mha does not convert; supported namings are q_proj, qkv_proj, bert, "
-            f"c_attn and query_key_value"
+    if attention == "self":
+        prefixes = _prefixes(
+            keys, rf"(?P<prefix>(?:.*\.)?h\.{index}\.self_attention\.)query_key_value\.weight"
         )
+        if prefixes:
+            prefix = _pick_prefix(prefixes, attention, index, where)
+            return AttentionTensorNames(
+                "falcon_qkv",
+                fused=f"{prefix}query_key_value.weight",
+                output=f"{prefix}dense.weight",
+            )
     sample = [key for key in keys if re.search(rf"(^|\.){index}\.", key)][:6]
     raise CheckpointError(
         f"{where}: no attention tensors of layer_index={index} (attention={attention!r}) in a "
@@ -460,7 +472,9 @@ class _Loader:
         interleaved = naming == "query_key_value" or (
             naming == "c_attn" and not conv1d and self.kv_heads == self.heads
         )
-        if interleaved:
+        if naming == "falcon_qkv":
+            parts, bias_parts = self._falcon_groups(weight, bias)
+        elif interleaved:
             if self.kv_heads != self.heads:
                 raise CheckpointError(
                     f"{key!r} interleaves q, k, v per head, which needs num_key_value_heads == "
@@ -491,6 +505,31 @@ class _Loader:
                     f"{variable}_bias", part_bias.reshape(heads, self.head_dim), _bias_key(key)
                 )
         self.output_projection(transposed=not conv1d)
+
+    def _falcon_groups(self, weight: np.ndarray, bias: np.ndarray | None):
+        """Falcon's rows: per KV group, its G query heads, then its key, then its value.
+
+        That one layout covers all three Falcon variants: `new_decoder_architecture`
+        (grouped, Falcon-40B/180B), `multi_query` (one group: all queries, k, v; Falcon-7B)
+        and plain multi-head (one query per group: q, k, v interleaved per head).
+        """
+        groups, size = self.kv_heads, self.heads // self.kv_heads
+        grouped = weight.reshape(groups, size + 2, self.head_dim, -1)
+        features = grouped.shape[-1]
+        parts = [
+            grouped[:, :size].reshape(self.heads * self.head_dim, features),
+            grouped[:, size].reshape(groups * self.head_dim, features),
+            grouped[:, size + 1].reshape(groups * self.head_dim, features),
+        ]
+        bias_parts = [None] * 3
+        if bias is not None:
+            grouped_bias = bias.reshape(groups, size + 2, self.head_dim)
+            bias_parts = [
+                grouped_bias[:, :size].reshape(-1),
+                grouped_bias[:, size].reshape(-1),
+                grouped_bias[:, size + 1].reshape(-1),
+            ]
+        return parts, bias_parts
 
     def output_projection(self, transposed: bool) -> None:
         key = self.names.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from keras_mha.layers import ATTENTION_LAYER_CLASSES
+from keras_mha.layers.validation import positive_int
 from keras_mha.pruning.discovery import require_attention_layers
 
 
@@ -29,7 +30,8 @@ def attention_flops(layer, query_length, key_length=None):
     """
     if not isinstance(layer, ATTENTION_LAYER_CLASSES) or not layer.built:
         raise ValueError(f"`layer` must be a built keras-mha attention layer; received {layer!r}.")
-    key_length = query_length if key_length is None else key_length
+    query_length = positive_int("query_length", query_length)
+    key_length = query_length if key_length is None else positive_int("key_length", key_length)
     heads, kv_heads, head_dim = layer.num_heads, layer.num_key_value_heads, layer.head_dim
     output_dim = layer.output_dim or layer._query_features
     projections = 2 * query_length * layer._query_features * heads * head_dim

@@ -1,6 +1,6 @@
 """How long `keras-mha inspect` takes, from a cold process, beside the transformers approach.
 
-`keras-mha bench inspect [--model ORG/NAME] [--repeat N] [--transformers-repeat N]`
+`python tools/bench_inspect_startup.py [--model ORG/NAME] [--repeat N] [--transformers-repeat N]`
 runs, each as a fresh subprocess and timed by wall clock:
 
 1. `python -c pass` - the floor: interpreter start-up alone;
@@ -16,7 +16,7 @@ what the operating system caches (the files are warm after the first run, which 
 not counted).
 
 Example:
-    >>> from keras_mha.benchmarks.inspect_startup import main
+    >>> from bench_inspect_startup import main
     >>> main(["--repeat", "3", "--skip-transformers"])  # doctest: +SKIP
     0
 """
@@ -154,7 +154,7 @@ def measure_transformers(model: str, repeat: int) -> tuple[Timing | None, dict |
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="keras-mha bench inspect",
+        prog="python tools/bench_inspect_startup.py",
         description="Wall time of `keras-mha inspect` in a fresh process, beside python "
         "start-up and transformers' meta-device instantiation of the same config.",
     )

@@ -1,0 +1,288 @@
+"""The layers whole models are made of: an RMS norm and one decoder / encoder block.
+
+Attention is always a `keras_mha.layers.GroupedQueryAttention` (or its MHA / MQA
+subclasses), so head pruning, head-parallel layouts and the KV cache work on every
+block as they do on a lone layer.
+
+Example:
+    >>> from keras_mha.layers import GroupedQueryAttention
+    >>> attention = GroupedQueryAttention(4, 2, head_dim=16, causal=True, use_rope=True)
+    >>> block = DecoderBlock(64, 128, attention, activation="silu")
+    >>> block(keras.random.normal((1, 5, 64))).shape
+    (1, 5, 64)
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_mha.models.families import ACTIVATIONS
+
+
+def _activation(name):
+    function_name, arguments = ACTIVATIONS[name]
+    function = getattr(keras.activations, function_name)
+    return lambda x: function(x, **arguments)
+
+
+def _attention_layer(attention, hidden_size, dtype):
+    """A built attention layer from a layer or its serialized config."""
+    if isinstance(attention, dict):
+        attention = keras.saving.deserialize_keras_object(attention)
+    if not attention.built:
+        attention.build((None, None, hidden_size))
+    return attention
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class RMSNorm(keras.layers.Layer):
+    """Root-mean-square norm computed in float32, as transformers does.
+
+    Args:
+        epsilon: added to the mean square.
+        scale_offset: the output is multiplied by `scale_offset + scale`: 0 for Llama,
+            1 for Gemma, whose checkpoints store `scale - 1`.
+
+    Example:
+        >>> RMSNorm(1e-6)(keras.ops.ones((1, 2, 8))).shape
+        (1, 2, 8)
+    """
+
+    def __init__(self, epsilon=1e-6, scale_offset=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = float(epsilon)
+        self.scale_offset = float(scale_offset)
+
+    def build(self, input_shape):
+        initializer = "zeros" if self.scale_offset else "ones"
+        self.scale = self.add_weight(
+            name="scale", shape=(input_shape[-1],), initializer=initializer
+        )
+        self.built = True
+
+    def call(self, inputs):
+        x = ops.cast(inputs, "float32")
+        x = x * ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + self.epsilon)
+        if self.scale_offset:
+            # Gemma: (1 + w) in float32, then cast.
+            return ops.cast(x * (self.scale_offset + ops.cast(self.scale, "float32")), inputs.dtype)
+        # Llama: cast first, then multiply in the input's dtype.
+        return ops.cast(x, inputs.dtype) * ops.cast(self.scale, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon, "scale_offset": self.scale_offset}
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class DecoderBlock(keras.layers.Layer):
+    """A pre-norm decoder block: `x + attention(norm(x))`, then `x + mlp(norm(x))`.
+
+    The MLP is gated: `down(activation(gate(x)) * up(x))`. With `sandwich_norms`
+    (Gemma 2/3) each sublayer's output is normalised too before the residual.
+
+    Args:
+        hidden_size: model width.
+        intermediate_size: MLP width.
+        attention: a `GroupedQueryAttention` (or its serialized config).
+        activation: a Hugging Face activation name (`families.ACTIVATIONS`).
+        norm_epsilon: epsilon of the RMS norms.
+        norm_scale_offset: see `RMSNorm`.
+        sandwich_norms: add the post-attention and post-MLP norms.
+        mlp_bias: biases on the MLP's projections.
+        kernel_initializer: of the MLP's projections.
+
+    Call arguments:
+        inputs: `(batch, length, hidden_size)`.
+        attention_mask: boolean `(batch, 1, key_length)` key mask, or None.
+        cache, cache_index: the attention layer's KV cache and write position.
+
+    Returns:
+        `(batch, length, hidden_size)`, and the updated cache when one was given.
+    """
+
+    def __init__(
+        self,
+        hidden_size,
+        intermediate_size,
+        attention,
+        activation="silu",
+        norm_epsilon=1e-6,
+        norm_scale_offset=0.0,
+        sandwich_norms=False,
+        mlp_bias=False,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_size = int(hidden_size)
+        self.intermediate_size = int(intermediate_size)
+        self.activation = activation
+        self.norm_epsilon = float(norm_epsilon)
+        self.norm_scale_offset = float(norm_scale_offset)
+        self.sandwich_norms = bool(sandwich_norms)
+        self.mlp_bias = bool(mlp_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self._activation_fn = _activation(activation)
+        dtype = self.dtype_policy
+        self.attention = _attention_layer(attention, self.hidden_size, dtype)
+
+        def norm(name):
+            return RMSNorm(self.norm_epsilon, self.norm_scale_offset, dtype=dtype, name=name)
+
+        def dense(units, name):
+            return keras.layers.Dense(
+                units,
+                use_bias=self.mlp_bias,
+                kernel_initializer=self.kernel_initializer,
+                dtype=dtype,
+                name=name,
+            )
+
+        self.attention_norm = norm("attention_norm")
+        self.mlp_norm = norm("mlp_norm")
+        self.post_attention_norm = norm("post_attention_norm") if self.sandwich_norms else None
+        self.post_mlp_norm = norm("post_mlp_norm") if self.sandwich_norms else None
+        self.gate_proj = dense(self.intermediate_size, "gate_proj")
+        self.up_proj = dense(self.intermediate_size, "up_proj")
+        self.down_proj = dense(self.hidden_size, "down_proj")
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.hidden_size)
+        for layer in (
+            self.attention_norm,
+            self.mlp_norm,
+            self.post_attention_norm,
+            self.post_mlp_norm,
+        ):
+            if layer is not None:
+                layer.build(shape)
+        self.gate_proj.build(shape)
+        self.up_proj.build(shape)
+        self.down_proj.build((None, None, self.intermediate_size))
+        self.built = True
+
+    def call(self, inputs, attention_mask=None, cache=None, cache_index=None):
+        hidden = self.attention_norm(inputs)
+        if cache is None:
+            attended = self.attention(hidden, attention_mask=attention_mask)
+        else:
+            attended, cache = self.attention(
+                hidden, attention_mask=attention_mask, cache=cache, cache_index=cache_index
+            )
+        if self.post_attention_norm is not None:
+            attended = self.post_attention_norm(attended)
+        hidden = inputs + attended
+        normed = self.mlp_norm(hidden)
+        mlp = self.down_proj(self._activation_fn(self.gate_proj(normed)) * self.up_proj(normed))
+        if self.post_mlp_norm is not None:
+            mlp = self.post_mlp_norm(mlp)
+        outputs = hidden + mlp
+        return outputs if cache is None else (outputs, cache)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            # The layer's own config: a pruned layer keeps its smaller head counts.
+            "attention": keras.saving.serialize_keras_object(self.attention),
+            "activation": self.activation,
+            "norm_epsilon": self.norm_epsilon,
+            "norm_scale_offset": self.norm_scale_offset,
+            "sandwich_norms": self.sandwich_norms,
+            "mlp_bias": self.mlp_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class EncoderBlock(keras.layers.Layer):
+    """A post-norm (BERT) block: `norm(x + attention(x))`, then `norm(h + mlp(h))`.
+
+    Args:
+        hidden_size, intermediate_size: model and MLP widths.
+        attention: a bidirectional `MultiHeadAttention` (or its serialized config).
+        activation: a Hugging Face activation name (BERT: exact "gelu").
+        norm_epsilon: LayerNorm epsilon.
+        kernel_initializer: of the MLP's projections.
+
+    Call arguments:
+        inputs: `(batch, length, hidden_size)`.
+        attention_mask: boolean `(batch, 1, length)` key mask, or None.
+    """
+
+    def __init__(
+        self,
+        hidden_size,
+        intermediate_size,
+        attention,
+        activation="gelu",
+        norm_epsilon=1e-12,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_size = int(hidden_size)
+        self.intermediate_size = int(intermediate_size)
+        self.activation = activation
+        self.norm_epsilon = float(norm_epsilon)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self._activation_fn = _activation(activation)
+        dtype = self.dtype_policy
+        self.attention = _attention_layer(attention, self.hidden_size, dtype)
+        self.attention_norm = keras.layers.LayerNormalization(
+            epsilon=self.norm_epsilon, dtype=dtype, name="attention_norm"
+        )
+        self.intermediate = keras.layers.Dense(
+            self.intermediate_size,
+            kernel_initializer=self.kernel_initializer,
+            dtype=dtype,
+            name="intermediate",
+        )
+        self.output_dense = keras.layers.Dense(
+            self.hidden_size,
+            kernel_initializer=self.kernel_initializer,
+            dtype=dtype,
+            name="output_dense",
+        )
+        self.output_norm = keras.layers.LayerNormalization(
+            epsilon=self.norm_epsilon, dtype=dtype, name="output_norm"
+        )
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.hidden_size)
+        self.attention_norm.build(shape)
+        self.intermediate.build(shape)
+        self.output_dense.build((None, None, self.intermediate_size))
+        self.output_norm.build(shape)
+        self.built = True
+
+    def call(self, inputs, attention_mask=None):
+        attended = self.attention(inputs, attention_mask=attention_mask)
+        hidden = self.attention_norm(inputs + attended)
+        mlp = self.output_dense(self._activation_fn(self.intermediate(hidden)))
+        return self.output_norm(hidden + mlp)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "attention": keras.saving.serialize_keras_object(self.attention),
+            "activation": self.activation,
+            "norm_epsilon": self.norm_epsilon,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        }
+
+
+__all__ = ["DecoderBlock", "EncoderBlock", "RMSNorm"]

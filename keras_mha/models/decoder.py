@@ -1,0 +1,220 @@
+"""`DecoderModel`: a causal language model of keras-mha blocks, for every decoder family.
+
+One class serves Llama, Mistral, Qwen2/3, Gemma 1/2/3 and Phi-3: the differences
+are the spec's attention settings (in each block's attention layer) and the traits
+of `families.FAMILY_TRAITS` (norm offset, embedding scale, sandwich norms, soft cap,
+tying), all constructor arguments, so `.keras` files rebuild the same model.
+
+Example:
+    >>> from keras_mha.models import from_pretrained
+    >>> model = from_pretrained("path/to/tiny-llama")  # doctest: +SKIP
+    >>> model({"token_ids": ids, "padding_mask": mask}).shape  # doctest: +SKIP
+    (2, 9, 100)
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_mha.models.blocks import DecoderBlock, RMSNorm
+from keras_mha.models.inputs import check_token_ids, unpack_inputs
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class DecoderModel(keras.Model):
+    """A decoder-only causal LM: embeddings, `DecoderBlock`s, final norm, LM head.
+
+    Args:
+        vocab_size, hidden_size: vocabulary and model width.
+        blocks: `DecoderBlock` layers (or their serialized configs), in order.
+        tie_word_embeddings: the LM head reuses the token embeddings.
+        norm_epsilon, norm_scale_offset: of the final `RMSNorm`.
+        embedding_scale: multiply the embeddings by sqrt(hidden_size) (Gemma).
+        final_logit_soft_cap: `c * tanh(logits / c)` (Gemma 2), or None.
+        family, weight_naming, hub_prefix, hub_config: where the weights came from
+            (the family, the `weight_names` table, the checkpoint's name stem and its
+            `config.json`), kept for `save_pretrained`.
+        embeddings_initializer, kernel_initializer: for models not loaded from a checkpoint.
+
+    Call arguments:
+        inputs: `{"token_ids": (B, T) int, "padding_mask": (B, T) bool/int}` or the
+            token ids alone.
+
+    Returns:
+        Logits `(B, T, vocab_size)`.
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        hidden_size,
+        blocks,
+        tie_word_embeddings=False,
+        norm_epsilon=1e-6,
+        norm_scale_offset=0.0,
+        embedding_scale=False,
+        final_logit_soft_cap=None,
+        family="llama",
+        weight_naming="llama",
+        hub_prefix="model.",
+        hub_config=None,
+        embeddings_initializer="uniform",
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = int(vocab_size)
+        self.hidden_size = int(hidden_size)
+        self.tie_word_embeddings = bool(tie_word_embeddings)
+        self.norm_epsilon = float(norm_epsilon)
+        self.norm_scale_offset = float(norm_scale_offset)
+        self.embedding_scale = bool(embedding_scale)
+        self.final_logit_soft_cap = (
+            None if final_logit_soft_cap is None else float(final_logit_soft_cap)
+        )
+        self.family = family
+        self.weight_naming = weight_naming
+        self.hub_prefix = hub_prefix
+        self.hub_config = dict(hub_config) if hub_config else None
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        dtype = self.dtype_policy
+        with keras.name_scope(self.name):
+            self.token_embedding = keras.layers.Embedding(
+                self.vocab_size,
+                self.hidden_size,
+                embeddings_initializer=self.embeddings_initializer,
+                dtype=dtype,
+                name="token_embedding",
+            )
+            self.token_embedding.build((None, None))
+            self.blocks = [
+                block
+                if isinstance(block, keras.layers.Layer)
+                else keras.saving.deserialize_keras_object(block)
+                for block in blocks
+            ]
+            for block in self.blocks:
+                if not block.built:
+                    block.build((None, None, self.hidden_size))
+            self.final_norm = RMSNorm(
+                self.norm_epsilon, self.norm_scale_offset, dtype=dtype, name="final_norm"
+            )
+            self.final_norm.build((None, None, self.hidden_size))
+            self.lm_head = None
+            if not self.tie_word_embeddings:
+                self.lm_head = keras.layers.Dense(
+                    self.vocab_size,
+                    use_bias=False,
+                    kernel_initializer=self.kernel_initializer,
+                    dtype=dtype,
+                    name="lm_head",
+                )
+                self.lm_head.build((None, None, self.hidden_size))
+        self.built = True
+
+    # -------------------------------------------------------------------- pieces
+    def embed(self, token_ids):
+        hidden = self.token_embedding(token_ids)
+        if self.embedding_scale:
+            # Gemma rounds sqrt(hidden) to the activations' dtype first.
+            hidden = hidden * ops.cast(math.sqrt(self.hidden_size), hidden.dtype)
+        return hidden
+
+    def logits(self, hidden):
+        """The LM head (tied or not) and the final soft cap, on normalised hidden states."""
+        if self.lm_head is None:
+            embeddings = ops.cast(self.token_embedding.embeddings, hidden.dtype)
+            logits = ops.matmul(hidden, ops.transpose(embeddings))
+        else:
+            logits = self.lm_head(hidden)
+        if self.final_logit_soft_cap is not None:
+            cap = self.final_logit_soft_cap
+            logits = ops.tanh(logits / cap) * cap
+        return logits
+
+    @staticmethod
+    def _key_mask(padding_mask):
+        return None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
+
+    def __call__(self, inputs, *args, **kwargs):
+        # Checked before Keras's __call__, which would wrap the error in a long report.
+        token_ids, _, _ = unpack_inputs(inputs)
+        check_token_ids(token_ids, self.vocab_size)
+        return super().__call__(inputs, *args, **kwargs)
+
+    def hidden_states(self, inputs):
+        """The final norm's output `(B, T, hidden_size)` (keras-hub backbones' output)."""
+        token_ids, padding_mask, _ = unpack_inputs(inputs)
+        hidden = self.embed(token_ids)
+        attention_mask = self._key_mask(padding_mask)
+        for block in self.blocks:
+            hidden = block(hidden, attention_mask=attention_mask)
+        return self.final_norm(hidden)
+
+    def call(self, inputs, training=None):
+        return self.logits(self.hidden_states(inputs))
+
+    # ------------------------------------------------------------------ decoding
+    def init_caches(self, batch_size, max_length):
+        """One KV cache per block (opaque: whatever the attention layer's `init_cache` makes)."""
+        return [
+            block.attention.init_cache(batch_size, max_length, dtype=self.compute_dtype)
+            for block in self.blocks
+        ]
+
+    def call_with_cache(self, token_ids, key_mask, caches, cache_index):
+        """Logits of `token_ids` written at `cache_index`, and the updated caches.
+
+        Args:
+            token_ids: `(B, T)` new tokens.
+            key_mask: boolean `(B, max_length)`: False at padded prompt positions.
+            caches: from `init_caches` (or a previous call).
+            cache_index: position of the first new token.
+        """
+        hidden = self.embed(token_ids)
+        attention_mask = ops.cast(key_mask, "bool")[:, None, :]
+        new_caches = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            hidden, cache = block(
+                hidden, attention_mask=attention_mask, cache=cache, cache_index=cache_index
+            )
+            new_caches.append(cache)
+        return self.logits(self.final_norm(hidden)), new_caches
+
+    def compute_output_shape(self, input_shape):
+        shape = input_shape["token_ids"] if isinstance(input_shape, dict) else input_shape
+        return (*tuple(shape), self.vocab_size)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "blocks": [keras.saving.serialize_keras_object(block) for block in self.blocks],
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "norm_epsilon": self.norm_epsilon,
+            "norm_scale_offset": self.norm_scale_offset,
+            "embedding_scale": self.embedding_scale,
+            "final_logit_soft_cap": self.final_logit_soft_cap,
+            "family": self.family,
+            "weight_naming": self.weight_naming,
+            "hub_prefix": self.hub_prefix,
+            "hub_config": self.hub_config,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if "dtype" in config and isinstance(config["dtype"], dict):
+            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
+        return cls(**config)
+
+
+__all__ = ["DecoderModel", "DecoderBlock"]

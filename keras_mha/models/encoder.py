@@ -1,0 +1,164 @@
+"""`EncoderModel`: a BERT-style bidirectional encoder of keras-mha blocks.
+
+Word, absolute position and token-type embeddings, a LayerNorm, then post-norm
+`EncoderBlock`s; the output is the last hidden state (what `BertModel` returns as
+`last_hidden_state`, and what sentence-transformers mean-pools).
+
+Example:
+    >>> from keras_mha.models import from_pretrained
+    >>> model = from_pretrained("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
+    >>> model({"token_ids": ids, "padding_mask": mask}).shape  # doctest: +SKIP
+    (4, 17, 384)
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_mha.models.blocks import EncoderBlock
+from keras_mha.models.inputs import check_token_ids, unpack_inputs
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class EncoderModel(keras.Model):
+    """A BERT-style encoder returning the last hidden state `(B, T, hidden_size)`.
+
+    Args:
+        vocab_size, hidden_size: vocabulary and model width.
+        blocks: `EncoderBlock` layers (or their serialized configs).
+        max_position_embeddings: rows of the position table.
+        type_vocab_size: rows of the token-type table.
+        norm_epsilon: epsilon of the embeddings' LayerNorm.
+        family, weight_naming, hub_prefix, hub_config: as in `DecoderModel`.
+        embeddings_initializer: for models not loaded from a checkpoint.
+
+    Call arguments:
+        inputs: `{"token_ids", "padding_mask", "segment_ids" (optional token types)}`
+            or the token ids alone.
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        hidden_size,
+        blocks,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        norm_epsilon=1e-12,
+        family="bert",
+        weight_naming="bert",
+        hub_prefix="",
+        hub_config=None,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = int(vocab_size)
+        self.hidden_size = int(hidden_size)
+        self.max_position_embeddings = int(max_position_embeddings)
+        self.type_vocab_size = int(type_vocab_size)
+        self.norm_epsilon = float(norm_epsilon)
+        self.family = family
+        self.weight_naming = weight_naming
+        self.hub_prefix = hub_prefix
+        self.hub_config = dict(hub_config) if hub_config else None
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        dtype = self.dtype_policy
+
+        def embedding(rows, name):
+            layer = keras.layers.Embedding(
+                rows,
+                self.hidden_size,
+                embeddings_initializer=self.embeddings_initializer,
+                dtype=dtype,
+                name=name,
+            )
+            layer.build((None, None))
+            return layer
+
+        with keras.name_scope(self.name):
+            self.token_embedding = embedding(self.vocab_size, "token_embedding")
+            self.position_embedding = embedding(self.max_position_embeddings, "position_embedding")
+            self.token_type_embedding = embedding(self.type_vocab_size, "token_type_embedding")
+            self.embeddings_norm = keras.layers.LayerNormalization(
+                epsilon=self.norm_epsilon, dtype=dtype, name="embeddings_norm"
+            )
+            self.embeddings_norm.build((None, None, self.hidden_size))
+            self.blocks = [
+                block
+                if isinstance(block, keras.layers.Layer)
+                else keras.saving.deserialize_keras_object(block)
+                for block in blocks
+            ]
+            for block in self.blocks:
+                if not block.built:
+                    block.build((None, None, self.hidden_size))
+        self.built = True
+
+    def __call__(self, inputs, *args, **kwargs):
+        # Checked before Keras's __call__, which would wrap the error in a long report.
+        token_ids, _, segment_ids = unpack_inputs(inputs, allow_segments=True)
+        check_token_ids(token_ids, self.vocab_size)
+        length = token_ids.shape[1]
+        if isinstance(length, int) and length > self.max_position_embeddings:
+            raise ValueError(
+                f"token_ids has {length} positions; this model has "
+                f"max_position_embeddings={self.max_position_embeddings}"
+            )
+        if segment_ids is not None:
+            check_token_ids(segment_ids, self.type_vocab_size, argument="segment_ids")
+        return super().__call__(inputs, *args, **kwargs)
+
+    def call(self, inputs, training=None):
+        token_ids, padding_mask, segment_ids = unpack_inputs(inputs, allow_segments=True)
+        if segment_ids is None:
+            segment_ids = ops.zeros_like(token_ids)
+        positions = ops.arange(ops.shape(token_ids)[1], dtype="int32")[None, :]
+        hidden = (
+            self.token_embedding(token_ids)
+            + self.position_embedding(positions)
+            + self.token_type_embedding(segment_ids)
+        )
+        hidden = self.embeddings_norm(hidden)
+        attention_mask = None
+        if padding_mask is not None:
+            attention_mask = ops.cast(padding_mask, "bool")[:, None, :]
+        for block in self.blocks:
+            hidden = block(hidden, attention_mask=attention_mask)
+        return hidden
+
+    def hidden_states(self, inputs):
+        """Same as calling the model: the last hidden state."""
+        return self(inputs)
+
+    def compute_output_shape(self, input_shape):
+        shape = input_shape["token_ids"] if isinstance(input_shape, dict) else input_shape
+        return (*tuple(shape), self.hidden_size)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "blocks": [keras.saving.serialize_keras_object(block) for block in self.blocks],
+            "max_position_embeddings": self.max_position_embeddings,
+            "type_vocab_size": self.type_vocab_size,
+            "norm_epsilon": self.norm_epsilon,
+            "family": self.family,
+            "weight_naming": self.weight_naming,
+            "hub_prefix": self.hub_prefix,
+            "hub_config": self.hub_config,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if "dtype" in config and isinstance(config["dtype"], dict):
+            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
+        return cls(**config)
+
+
+__all__ = ["EncoderBlock", "EncoderModel"]

@@ -1,0 +1,595 @@
+"""`save_pretrained`: a keras-mha model back to a Hub checkpoint that transformers loads.
+
+The tensors come from the model's variables through the same name table that loads
+them (`keras_mha.models.weight_names`: each rule's `to_hub` transform), so a model
+whose heads were removed writes its smaller tensors with the family's names and
+layout. The config is the source's `config.json` with the head counts of the model
+now, and the tokenizer (and sentence-transformers) files are copied from the source.
+
+How a pruned model's head count reaches the config depends on the family
+(`HEAD_SIZE_IN_CONFIG`, checked against transformers 5.23):
+
+- `"explicit"` (Mistral, Qwen2/3, Gemma 1, Phi-3): the config states `head_dim`, so
+  `num_attention_heads` / `num_key_value_heads` shrink and `head_dim` is written
+  explicitly; the checkpoint is genuinely smaller.
+- `"explicit_divisor"` (Llama, Gemma 2/3): the same, but transformers' config also
+  requires `hidden_size % num_attention_heads == 0`. When the kept heads do not
+  divide `hidden_size` (e.g. 24 of Llama-3.2-1B's 32 heads), zero heads are added up
+  to the nearest count that does (within each KV group, so the KV heads and the KV
+  cache stay as pruned); a warning says how many. Targets that keep a divisor of
+  `hidden_size` (e.g. 50%) export with no zero head.
+- `"derived"` (BERT): transformers computes the head size as
+  `hidden_size / num_attention_heads`, so fewer heads cannot be stated. The
+  checkpoint keeps the original head count and the removed heads are written as zero
+  rows/columns of the q/k/v/output projections. Outputs are equal, the file is not
+  smaller, and a `UserWarning` says so; the `.keras` model stays the smaller one.
+
+A zero head adds exactly nothing: its output-projection rows are zero (and so are
+its q/k/v weights and biases). Heads are independent and their order within a KV
+group does not matter, so the kept heads come first and the zero heads after them.
+
+Hub configs state one head count for all layers: a model whose layers keep
+different numbers of heads is refused with an `ExportError` (prune with
+`heads_to_prune(..., scope="per_layer")` or `keras-mha prune --uniform`).
+
+Example:
+    >>> from keras_mha.models import from_pretrained, save_pretrained
+    >>> from keras_mha.pruning import prune_heads
+    >>> model = from_pretrained("path/to/llama")  # doctest: +SKIP
+    >>> prune_heads(model, heads={path: [0, 1] for path in find_attention_layers(model)})
+    ... # doctest: +SKIP
+    >>> save_pretrained(model, "llama-pruned").num_attention_heads  # doctest: +SKIP
+    30
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from keras_mha.errors import ExportError
+from keras_mha.models.export_files import (
+    DEFAULT_MAX_SHARD_SIZE,
+    KERAS_TO_SAFETENSORS_DTYPE,
+    SAFETENSORS_TO_TORCH_DTYPE,
+    LazyTensor,
+    output_folder,
+    parse_size,
+    write_safetensors,
+)
+
+# How the family's config states the head size (see the module docstring).
+HEAD_SIZE_IN_CONFIG = {
+    "llama": "explicit_divisor",
+    "mistral": "explicit",
+    "qwen2": "explicit",
+    "qwen3": "explicit",
+    "gemma": "explicit",
+    "gemma2": "explicit_divisor",
+    "gemma3_text": "explicit_divisor",
+    "gemma3": "explicit_divisor",
+    "phi3": "explicit",
+    "bert": "derived",
+}
+
+# Files copied from the source folder when present: the tokenizer, generation
+# defaults, and sentence-transformers' description of the pipeline (pooling etc.).
+COPIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
+COPIED_FOLDERS = ("1_Pooling", "2_Normalize")
+
+# Tensors of the source checkpoint that the Keras model does not hold but that do not
+# depend on the heads (BERT's pooler, a masked-LM head): copied into the export as they
+# are, so transformers finds every weight it had. Buffers (rotary caches, position ids)
+# are not weights and stay out.
+_NOT_COPIED = re.compile(r"(inv_freq|position_ids)$")
+
+# Variables of an attention layer indexed by query head / by KV head, and the axis
+# (as in layers/head_surgery).
+_QUERY_HEAD_AXIS = {"query_kernel": 1, "query_bias": 0, "output_kernel": 0}
+_KV_HEAD_AXIS = {"key_kernel": 1, "value_kernel": 1, "key_bias": 0, "value_bias": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSummary:
+    """What `save_pretrained` wrote.
+
+    Attributes:
+        path: the output folder.
+        files: file names written (config, safetensors, index, copied tokenizer files).
+        bytes: total size of the safetensors files.
+        model_type: the config's `model_type`.
+        num_attention_heads, num_key_value_heads, head_dim: as written in `config.json`.
+        heads_zeroed: zero heads per layer written because the family's config cannot
+            state the kept count (see the module docstring); 0 when none.
+        kept_heads: query heads per layer the model really has.
+        parameters: elements of the safetensors tensors (what transformers counts).
+        dtype: the tensors' dtype.
+    """
+
+    path: str
+    files: list
+    bytes: int
+    model_type: str
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    heads_zeroed: int
+    kept_heads: int
+    parameters: int
+    dtype: str
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+# -- what the model knows about its source ---------------------------------------------------
+
+
+def source_config(model) -> dict:
+    """The source checkpoint's `config.json` as a dict (a copy)."""
+    raw = getattr(model, "hub_config", None)
+    if not isinstance(raw, dict) or not getattr(model, "weight_naming", None):
+        raise ExportError(
+            f"`model` ({type(model).__name__} {getattr(model, 'name', '')!r}) was not built by "
+            "keras_mha.models.from_pretrained / build_model: it carries no Hub config to "
+            "export; expected a DecoderModel or EncoderModel",
+            key="model",
+        )
+    # A JSON round trip, not deepcopy: Keras wraps the attribute in tracking containers
+    # that are slow to deep-copy, and config.json holds only JSON values anyway.
+    return json.loads(json.dumps(raw))
+
+
+def source_directory(model) -> Path | None:
+    """The local folder the model was loaded from (the HF cache snapshot for Hub ids)."""
+    directory = getattr(model, "source_directory", None)
+    return None if directory is None else Path(directory)
+
+
+def model_kind(model) -> str:
+    """`"decoder"` (causal LM, logits) or `"encoder"` (last hidden state)."""
+    from keras_mha.models.encoder import EncoderModel
+
+    return "encoder" if isinstance(model, EncoderModel) else "decoder"
+
+
+def model_type(model) -> str:
+    """The source config's `model_type`."""
+    return str(source_config(model).get("model_type", getattr(model, "family", "")))
+
+
+def vocabulary_size(model) -> int:
+    return int(model.vocab_size)
+
+
+def compute_dtype(model) -> str:
+    return str(getattr(model, "compute_dtype", None) or "float32")
+
+
+def load_for_pruning(source, *, dtype=None, revision=None, token=None):
+    """`from_pretrained`, remembering the local folder the files came from.
+
+    For a Hub id the tokenizer files are fetched into the HF cache beside the weights.
+    """
+    from keras_mha.models import from_pretrained
+
+    model = from_pretrained(source, dtype=dtype, revision=revision, token=token)
+    local = Path(str(source)).expanduser()
+    if local.is_dir():
+        model.source_directory = local
+    else:
+        model.source_directory = _fetch_hub_files(str(source), revision, token)
+    return model
+
+
+def _fetch_hub_files(model_id, revision, token):
+    """The HF-cache snapshot folder of `model_id`, with its tokenizer files fetched."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    folder = None
+    for name in COPIED_FILES:
+        try:
+            path = huggingface_hub.hf_hub_download(model_id, name, revision=revision, token=token)
+        except (EntryNotFoundError, LocalEntryNotFoundError):
+            continue
+        folder = Path(path).parent
+    if folder is None:
+        path = huggingface_hub.hf_hub_download(
+            model_id, "config.json", revision=revision, token=token
+        )
+        folder = Path(path).parent
+    return folder
+
+
+# -- head counts ------------------------------------------------------------------------------
+
+
+def _attention_layers(model):
+    from keras_mha.pruning import find_attention_layers
+
+    return find_attention_layers(model)
+
+
+def head_counts(model) -> dict[str, tuple[int, int, int]]:
+    """`{layer path: (num_heads, num_key_value_heads, head_dim)}`."""
+    return {
+        path: (layer.num_heads, layer.num_key_value_heads, layer.head_dim)
+        for path, layer in _attention_layers(model).items()
+    }
+
+
+def is_uniform(model) -> bool:
+    """Whether every attention layer has the same head counts (what a Hub config can state).
+
+    Example:
+        >>> is_uniform(model)  # doctest: +SKIP
+        True
+    """
+    return len(set(head_counts(model).values())) <= 1
+
+
+def check_uniform(model) -> tuple[int, int, int]:
+    """The one `(num_heads, num_key_value_heads, head_dim)` of the model, or ExportError."""
+    counts = head_counts(model)
+    distinct = sorted(set(counts.values()))
+    if len(distinct) == 1:
+        return distinct[0]
+    examples = {}
+    for path, value in counts.items():
+        examples.setdefault(value, path)
+    shown = "; ".join(
+        f"{path!r} keeps {h} query / {kv} KV heads" for (h, kv, _), path in examples.items()
+    )
+    raise ExportError(
+        f"cannot write a Hub checkpoint: its config has one num_attention_heads and "
+        f"num_key_value_heads for all layers, but the model's layers differ ({shown}); prune "
+        "the same number of heads in every layer: heads_to_prune(model, scores, target, "
+        "scope='per_layer') or `keras-mha prune --uniform`, or keep this model as .keras",
+        key="model",
+    )
+
+
+# -- tensors ----------------------------------------------------------------------------------
+
+
+def _variable_numpy(variable) -> np.ndarray:
+    from keras import ops
+
+    value = ops.convert_to_numpy(variable)
+    return np.asarray(value if value.dtype.kind != "V" else value.astype("float32"))
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadPadding:
+    """Zero heads added on export: each KV group grows from `group_size` to
+    `padded_group_size` query heads, then zero groups are appended up to
+    `padded_kv_heads` KV heads.
+
+    Example:
+        >>> plan = HeadPadding(kv_heads=4, group_size=1, padded_group_size=1, padded_kv_heads=8)
+        >>> plan.padded_heads, plan.zero_heads
+        (8, 4)
+    """
+
+    kv_heads: int
+    group_size: int
+    padded_group_size: int
+    padded_kv_heads: int
+
+    @property
+    def heads(self):
+        return self.kv_heads * self.group_size
+
+    @property
+    def padded_heads(self):
+        return self.padded_kv_heads * self.padded_group_size
+
+    @property
+    def zero_heads(self):
+        return self.padded_heads - self.heads
+
+    def pad_query_axis(self, value, axis):
+        shape = list(value.shape)
+        grouped = value.reshape(shape[:axis] + [self.kv_heads, self.group_size] + shape[axis + 1 :])
+        widths = [(0, 0)] * grouped.ndim
+        widths[axis] = (0, self.padded_kv_heads - self.kv_heads)
+        widths[axis + 1] = (0, self.padded_group_size - self.group_size)
+        grouped = np.pad(grouped, widths)
+        return grouped.reshape(shape[:axis] + [self.padded_heads] + shape[axis + 1 :])
+
+    def pad_kv_axis(self, value, axis):
+        widths = [(0, 0)] * value.ndim
+        widths[axis] = (0, self.padded_kv_heads - self.kv_heads)
+        return np.pad(value, widths)
+
+
+def head_padding(layout, *, heads, kv_heads, head_dim, hidden_size) -> HeadPadding | None:
+    """The zero heads a family's config needs for this head layout (None: none needed).
+
+    Example:
+        >>> head_padding("explicit_divisor", heads=24, kv_heads=8, head_dim=64, hidden_size=2048)
+        HeadPadding(kv_heads=8, group_size=3, padded_group_size=4, padded_kv_heads=8)
+        >>> head_padding("explicit", heads=24, kv_heads=8, head_dim=64, hidden_size=2048) is None
+        True
+    """
+    group = heads // kv_heads
+    if layout == "explicit" or (layout == "explicit_divisor" and hidden_size % heads == 0):
+        return None
+    if layout == "derived":
+        original = hidden_size // head_dim
+        if original * head_dim != hidden_size or heads != kv_heads:
+            raise ExportError(
+                f"the config derives the head size from hidden_size / num_attention_heads, and "
+                f"head_dim={head_dim} with {heads} query / {kv_heads} KV heads cannot be padded "
+                f"back to hidden_size={hidden_size}",
+                key="head_dim",
+                value=head_dim,
+            )
+        return None if heads == original else HeadPadding(kv_heads, 1, 1, original)
+    # Grow each group (keeps the KV heads, so the KV cache stays pruned), else add groups.
+    for padded_group in range(group, hidden_size + 1):
+        if hidden_size % (kv_heads * padded_group) == 0:
+            return HeadPadding(kv_heads, group, padded_group, kv_heads)
+    for padded_kv in range(kv_heads, hidden_size + 1):
+        if hidden_size % (padded_kv * group) == 0:
+            return HeadPadding(kv_heads, group, group, padded_kv)
+    raise ExportError(  # pragma: no cover - padded_kv * group = hidden_size always divides
+        f"no head count of at least {heads} divides hidden_size={hidden_size}", key="heads"
+    )
+
+
+def _hub_tensors(model, *, padding=None, dtype_name):
+    """`{hub name: LazyTensor}` for every tensor of the checkpoint, in table order."""
+    from keras_mha.layers import ATTENTION_LAYER_CLASSES
+    from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
+
+    names = FAMILY_WEIGHT_NAMES[model.weight_naming]
+    tensors = {}
+    for bound in bound_rules(model, names, model.hub_prefix, len(model.blocks)):
+        sources = []
+        for path in bound.variables:
+            variable = resolve(model, path)
+            owner_path, _, attribute = path.rpartition(".")
+            owner = resolve(model, owner_path) if owner_path else model
+            pad = None
+            shape = list(variable.shape)
+            if padding is not None and isinstance(owner, ATTENTION_LAYER_CLASSES):
+                if attribute in _QUERY_HEAD_AXIS:
+                    axis = _QUERY_HEAD_AXIS[attribute]
+                    pad = lambda value, axis=axis: padding.pad_query_axis(value, axis)  # noqa: E731
+                    shape[axis] = padding.padded_heads
+                elif attribute in _KV_HEAD_AXIS:
+                    axis = _KV_HEAD_AXIS[attribute]
+                    pad = lambda value, axis=axis: padding.pad_kv_axis(value, axis)  # noqa: E731
+                    shape[axis] = padding.padded_kv_heads
+            sources.append((variable, pad, tuple(shape)))
+
+        def produce(sources=sources, transform=bound.transform):
+            values = []
+            for variable, pad, _ in sources:
+                value = _variable_numpy(variable)
+                values.append(value if pad is None else pad(value))
+            return transform.to_hub(values)
+
+        shape = bound.transform.hub_shape([shape for _, _, shape in sources])
+        variable_dtype = str(sources[0][0].dtype)
+        stored = (
+            dtype_name if "float" in variable_dtype else KERAS_TO_SAFETENSORS_DTYPE[variable_dtype]
+        )
+        tensors[bound.hub_name] = LazyTensor(tuple(int(d) for d in shape), stored, produce)
+    return tensors
+
+
+def _source_extras(model, written, dtype_name):
+    """Tensors of the source checkpoint the model ignored on load (e.g. BERT's pooler)."""
+    from keras_mha.cards.checkpoint_weights import SafetensorsCheckpoint
+    from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES
+
+    directory = source_directory(model)
+    if directory is None:
+        return {}
+    try:
+        checkpoint = SafetensorsCheckpoint(directory)
+    except Exception:  # The source moved or is gone: nothing to copy.
+        return {}
+    names = FAMILY_WEIGHT_NAMES[model.weight_naming]
+    extras = {}
+    for key in checkpoint.keys():
+        if key in written or not names.is_ignored(key) or _NOT_COPIED.search(key):
+            continue
+        from safetensors import safe_open
+
+        with safe_open(str(checkpoint.file_of(key)), framework="np") as handle:
+            stored = handle.get_slice(key).get_dtype()
+        shape = tuple(int(d) for d in checkpoint.shape_of(key))
+        floating = stored in ("F64", "F32", "F16", "BF16")
+        if not floating and stored not in ("I64", "I32", "BOOL"):
+            continue
+        extras[key] = LazyTensor(
+            shape, dtype_name if floating else stored, lambda key=key: checkpoint.get(key)
+        )
+    return extras
+
+
+def _exported_dtype(model, dtype):
+    from keras_mha.pruning import find_attention_layers
+
+    name = dtype
+    if name is None:
+        layer = next(iter(find_attention_layers(model).values()))
+        name = str(layer.query_kernel.dtype)
+    if name not in ("float32", "float16", "bfloat16"):
+        raise ExportError(
+            f"dtype={dtype!r} is not a dtype to export; expected 'float32', 'bfloat16' or "
+            "'float16'",
+            key="dtype",
+            value=dtype,
+        )
+    return name
+
+
+def _config_with_heads(config, *, heads, kv_heads, head_dim, layout, dtype):
+    """The source config with the model's head counts (in `text_config` when nested)."""
+    target = config
+    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
+        target = config["text_config"]
+    target["num_attention_heads"] = int(heads)
+    if layout != "derived":
+        target["num_key_value_heads"] = int(kv_heads)
+        target["head_dim"] = int(head_dim)
+    elif "num_key_value_heads" in target:
+        target["num_key_value_heads"] = int(kv_heads)
+    # transformers 5 reads `dtype`, earlier versions `torch_dtype`: state both.
+    config["dtype"] = dtype
+    config["torch_dtype"] = dtype
+    return config
+
+
+def save_pretrained(
+    model,
+    out_dir,
+    *,
+    max_shard_size=DEFAULT_MAX_SHARD_SIZE,
+    dtype=None,
+    overwrite=False,
+    copy_tokenizer=True,
+    tokenizer_from=None,
+) -> ExportSummary:
+    """Write `model` as a Hub checkpoint folder (config.json, safetensors, tokenizer).
+
+    Everything is written into a hidden folder beside `out_dir` and moved into place
+    when complete: an error leaves `out_dir` as it was.
+
+    Args:
+        model: a model from `keras_mha.models.from_pretrained`, pruned or not.
+        out_dir: the folder to create. It must be new or empty, or hold a checkpoint
+            and `overwrite=True`.
+        max_shard_size: above this size the tensors are split into
+            `model-0000i-of-0000n.safetensors` files with `model.safetensors.index.json`
+            (an int in bytes or a string such as `"5GB"`).
+        dtype: `"float32"`, `"bfloat16"` or `"float16"`; default the model's weights'.
+        overwrite: replace an existing checkpoint folder.
+        copy_tokenizer: copy the tokenizer (and sentence-transformers) files of the
+            source folder when it had them.
+        tokenizer_from: the folder to copy them from; default the folder
+            `from_pretrained` read (`model.source_directory`).
+
+    Returns:
+        An `ExportSummary`.
+
+    Raises:
+        ExportError: layers with different head counts, or a family keras-mha cannot
+            state pruned heads for.
+        PathError: `out_dir` is not writable or not empty.
+
+    Warns:
+        UserWarning: the family derives the head size (BERT), so the removed heads are
+            written as zeros and the file is not smaller.
+
+    Example:
+        >>> summary = save_pretrained(model, "pruned")  # doctest: +SKIP
+        >>> transformers.AutoModelForCausalLM.from_pretrained("pruned")  # doctest: +SKIP
+    """
+    config = source_config(model)
+    heads, kv_heads, head_dim = check_uniform(model)
+    family = model.family
+    model_type_name = str(config.get("model_type", family))
+    layout = HEAD_SIZE_IN_CONFIG.get(family)
+    if layout is None:
+        raise ExportError(
+            f"model_type={model_type_name!r}: keras-mha does not know how this family's config "
+            f"states head counts; families it exports: {sorted(HEAD_SIZE_IN_CONFIG)}",
+            key="model_type",
+            value=model_type_name,
+        )
+    dtype_name = _exported_dtype(model, dtype)
+    stored_dtype = KERAS_TO_SAFETENSORS_DTYPE[dtype_name]
+    parse_size(max_shard_size)
+    try:
+        padding = head_padding(
+            layout, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden_size=model.hidden_size
+        )
+    except ExportError as error:
+        raise ExportError(f"model_type={model_type_name!r}: {error}", key=error.key) from None
+    written_heads = heads if padding is None else padding.padded_heads
+    written_kv_heads = kv_heads if padding is None else padding.padded_kv_heads
+    if padding is not None:
+        reason = (
+            "transformers derives the head size from hidden_size / num_attention_heads"
+            if layout == "derived"
+            else f"transformers requires hidden_size ({model.hidden_size}) to be a multiple of "
+            f"num_attention_heads for {model_type_name}"
+        )
+        warnings.warn(
+            f"{model_type_name}: {reason}, so the checkpoint states {written_heads} heads per "
+            f"layer, {padding.zero_heads} of them with zeroed weights: the outputs are the "
+            f"pruned model's but the file is bigger than needed (the .keras model is the "
+            "smallest)",
+            UserWarning,
+            stacklevel=2,
+        )
+    config = _config_with_heads(
+        config,
+        heads=written_heads,
+        kv_heads=written_kv_heads,
+        head_dim=head_dim,
+        layout=layout,
+        dtype=SAFETENSORS_TO_TORCH_DTYPE[stored_dtype],
+    )
+    tensors = _hub_tensors(model, padding=padding, dtype_name=stored_dtype)
+    tensors.update(_source_extras(model, set(tensors), stored_dtype))
+    source = Path(tokenizer_from) if tokenizer_from is not None else source_directory(model)
+    with output_folder(out_dir, overwrite=overwrite, source=source, argument="out_dir") as staging:
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        files = ["config.json", *write_safetensors(tensors, staging, max_shard_size)]
+        if copy_tokenizer and source is not None:
+            files += _copy_source_files(source, staging)
+    out = Path(out_dir)
+    return ExportSummary(
+        path=str(out),
+        files=files,
+        bytes=sum((out / name).stat().st_size for name in files if name.endswith(".safetensors")),
+        model_type=model_type_name,
+        num_attention_heads=int(written_heads),
+        num_key_value_heads=int(written_kv_heads),
+        head_dim=int(head_dim),
+        heads_zeroed=0 if padding is None else padding.zero_heads,
+        kept_heads=int(heads),
+        parameters=int(sum(int(np.prod(t.shape)) for t in tensors.values())),
+        dtype=SAFETENSORS_TO_TORCH_DTYPE[stored_dtype],
+    )
+
+
+def _copy_source_files(source: Path, staging: Path) -> list[str]:
+    copied = []
+    for name in COPIED_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, staging / name)
+            copied.append(name)
+    for name in COPIED_FOLDERS:
+        if (source / name).is_dir():
+            shutil.copytree(source / name, staging / name)
+            copied.append(f"{name}/")
+    return copied

@@ -1,0 +1,330 @@
+"""`generate`: greedy or seeded sampling from a `DecoderModel` on the layers' KV cache.
+
+The prompt is run once (prefill) into fixed-shape caches made by each attention layer's
+`init_cache` (their inside is the layer's business), then one token per step. The step
+is compiled once per model, batch size and cache length: `jax.jit` on JAX (stateless,
+the weights passed as arguments), `tf.function(jit_compile=True)` on TensorFlow, and
+eager PyTorch (measured faster than `torch.compile` for single-token CPU steps; pass
+`compile_torch=True` to try it). Cache lengths are rounded up to a multiple of
+`CACHE_BUCKET`, so prompts of similar lengths reuse the compiled step; how often each
+function was traced is in `generation_stats(model)`.
+
+Tokens are chosen on the host from the last position's logits: the argmax at
+temperature 0 (ties go to the lowest id, as in torch), else a draw from
+`softmax(logits / temperature)` restricted by `top_k` / `top_p`, with a NumPy generator
+seeded by `seed`, so a seed gives the same tokens on every backend up to float
+round-off in the logits.
+
+Left-padded batches (`padding_mask` False at the start of short rows) work: padded
+keys are masked in every step, and RoPE depends only on the distance between
+positions, so a row's tokens attend as in an unpadded run.
+
+Example:
+    >>> from keras_mha.models import from_pretrained, generate, generation_stats
+    >>> model = from_pretrained("path/to/tiny-llama")  # doctest: +SKIP
+    >>> generate(model, [[5, 6, 7]], max_new_tokens=4).shape  # doctest: +SKIP
+    (1, 7)
+    >>> generation_stats(model)["step_traces"]  # doctest: +SKIP
+    1
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import keras
+import numpy as np
+
+CACHE_BUCKET = 64
+
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _CompiledDecoder:
+    """The prefill and step functions of one model, compiled for the current backend."""
+
+    def __init__(self, model, compile_torch=False):
+        self.model = model
+        self.backend = keras.backend.backend()
+        self.compile_torch = compile_torch
+        self.stats = {
+            "backend": self.backend,
+            "compiled": self.backend != "torch" or compile_torch,
+            "prefill_traces": 0,
+            "step_traces": 0,
+            "prefill_calls": 0,
+            "step_calls": 0,
+        }
+        self._prefill, self._step = self._make()
+
+    # The model's forward on the cache; `index` is 0 for prefill.
+    def _forward(self, token_ids, key_mask, caches, index):
+        logits, caches = self.model.call_with_cache(token_ids, key_mask, caches, index)
+        return keras.ops.cast(logits[:, -1], "float32"), caches
+
+    def _make(self):
+        if self.backend == "jax":
+            return self._make_jax()
+        if self.backend == "tensorflow":
+            return self._make_tensorflow()
+        return self._make_torch()
+
+    def _make_jax(self):
+        import jax
+
+        model = self.model
+
+        def stateless(kind, index_static):
+            def function(variables, token_ids, key_mask, caches, index):
+                self.stats[f"{kind}_traces"] += 1
+                mapping = list(zip(model.variables, variables, strict=True))
+                with keras.StatelessScope(state_mapping=mapping):
+                    return self._forward(token_ids, key_mask, caches, 0 if index_static else index)
+
+            return jax.jit(function, donate_argnums=(3,))
+
+        prefill, step = stateless("prefill", True), stateless("step", False)
+
+        def run(function):
+            def call(token_ids, key_mask, caches, index):
+                variables = [v.value for v in model.variables]
+                return function(variables, token_ids, key_mask, caches, np.int32(index))
+
+            return call
+
+        return run(prefill), run(step)
+
+    def _make_tensorflow(self):
+        import tensorflow as tf
+
+        def traced(kind, index_static):
+            def function(token_ids, key_mask, caches, index):
+                self.stats[f"{kind}_traces"] += 1
+                return self._forward(token_ids, key_mask, caches, 0 if index_static else index)
+
+            compiled = tf.function(function, jit_compile=True, reduce_retracing=False)
+
+            def call(token_ids, key_mask, caches, index):
+                return compiled(
+                    tf.convert_to_tensor(token_ids),
+                    tf.convert_to_tensor(key_mask),
+                    caches,
+                    tf.constant(index, tf.int32),
+                )
+
+            return call
+
+        return traced("prefill", True), traced("step", False)
+
+    def _make_torch(self):
+        import torch
+
+        def eager(kind):
+            def function(token_ids, key_mask, caches, index):
+                with torch.no_grad():
+                    return self._forward(token_ids, key_mask, caches, index)
+
+            if not self.compile_torch:
+                return function
+            compiled = torch.compile(function, dynamic=False)
+
+            def call(token_ids, key_mask, caches, index):
+                self.stats[f"{kind}_traces"] = max(self.stats[f"{kind}_traces"], 1)
+                return compiled(token_ids, key_mask, caches, index)
+
+            return call
+
+        return eager("prefill"), eager("step")
+
+    def prefill(self, token_ids, key_mask, caches):
+        self.stats["prefill_calls"] += 1
+        return self._prefill(token_ids, key_mask, caches, 0)
+
+    def step(self, token_ids, key_mask, caches, index):
+        self.stats["step_calls"] += 1
+        return self._step(token_ids, key_mask, caches, index)
+
+
+def _decoder_for(model, compile_torch):
+    decoder = _DECODERS.get(model)
+    if decoder is None or decoder.compile_torch != compile_torch:
+        decoder = _DECODERS[model] = _CompiledDecoder(model, compile_torch)
+    return decoder
+
+
+def generation_stats(model) -> dict:
+    """How `generate` ran on `model`: backend, compiled or eager, traces and calls.
+
+    Example:
+        >>> generation_stats(model)  # doctest: +SKIP
+        {'backend': 'jax', 'compiled': True, 'prefill_traces': 1, 'step_traces': 1, ...}
+    """
+    decoder = _DECODERS.get(model)
+    return dict(decoder.stats) if decoder is not None else {}
+
+
+# -- choosing tokens ------------------------------------------------------------------------------
+
+
+def _choose(logits, temperature, top_k, top_p, rng):
+    """Next token per row from `(B, V)` float32 logits."""
+    if temperature == 0:
+        return np.argmax(logits, axis=-1)
+    logits = logits.astype(np.float64) / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = np.sort(logits, axis=-1)[:, -top_k][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-probabilities, axis=-1, kind="stable")
+        ordered = np.take_along_axis(probabilities, order, axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always).
+        keep_sorted = np.cumsum(ordered, axis=-1) - ordered < top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        probabilities = np.where(keep, probabilities, 0.0)
+        probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    draws = rng.random((logits.shape[0], 1))
+    chosen = (np.cumsum(probabilities, axis=-1) < draws).sum(axis=-1)
+    return np.minimum(chosen, logits.shape[-1] - 1)
+
+
+# -- arguments ----------------------------------------------------------------------------------
+
+
+def _check_arguments(model, token_ids, max_new_tokens, temperature, top_k, top_p, padding_mask):
+    from keras_mha.models.decoder import DecoderModel
+    from keras_mha.models.inputs import check_token_ids
+
+    if not isinstance(model, DecoderModel):
+        raise ValueError(
+            f"model is a {type(model).__name__}; generate needs a causal LM (a DecoderModel "
+            f"from keras_mha.models.from_pretrained)"
+        )
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}; expected a positive integer")
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens}; expected a positive integer")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature={temperature!r}; expected a number >= 0")
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature!r}; expected a number >= 0")
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k <= 0
+    ):
+        raise ValueError(f"top_k={top_k!r}; expected a positive integer or None")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p={top_p!r}; expected a number in (0, 1] or None")
+    ids = np.asarray(keras.ops.convert_to_numpy(token_ids))
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[1] == 0:
+        raise ValueError(
+            f"token_ids has shape {ids.shape}; expected (batch, length) with length >= 1"
+        )
+    check_token_ids(ids, model.vocab_size)
+    if padding_mask is None:
+        mask = np.ones(ids.shape, dtype=bool)
+    else:
+        mask = np.asarray(keras.ops.convert_to_numpy(padding_mask)).astype(bool)
+        if mask.ndim == 1:
+            mask = mask[None]
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"padding_mask has shape {mask.shape}; expected the shape of token_ids {ids.shape}"
+            )
+        if not mask[:, -1].all():
+            row = int(np.argmin(mask[:, -1]))
+            raise ValueError(
+                f"padding_mask: row {row} ends with padding; generate needs left-padded "
+                f"prompts (padding at the start of short rows)"
+            )
+    return ids.astype(np.int32), mask
+
+
+def _eos_ids(eos_token_id, vocab_size):
+    if eos_token_id is None:
+        return np.array([], dtype=np.int64)
+    ids = np.atleast_1d(np.asarray(eos_token_id))
+    if not np.issubdtype(ids.dtype, np.integer) or ((ids < 0) | (ids >= vocab_size)).any():
+        raise ValueError(
+            f"eos_token_id={eos_token_id!r}; expected token id(s) in [0, {vocab_size})"
+        )
+    return ids
+
+
+def generate(
+    model,
+    token_ids,
+    max_new_tokens,
+    *,
+    temperature=0.0,
+    top_k=None,
+    top_p=None,
+    seed=None,
+    eos_token_id=None,
+    padding_mask=None,
+    compile_torch=False,
+):
+    """Continue each prompt by up to `max_new_tokens` tokens.
+
+    Args:
+        model: a `DecoderModel`.
+        token_ids: `(B, T)` prompt ids (left-padded when rows differ in length).
+        max_new_tokens: tokens to add, > 0.
+        temperature: 0 is greedy; above 0 samples from `softmax(logits / temperature)`.
+        top_k: sample among the `top_k` most likely tokens only.
+        top_p: sample among the smallest set of tokens whose probability reaches `top_p`.
+        seed: seed of the sampling generator (same seed, same tokens).
+        eos_token_id: id or ids that end a row; the row is then filled with the first one,
+            and generation stops early when every row has ended.
+        padding_mask: `(B, T)`, False at left padding.
+        compile_torch: on PyTorch, `torch.compile` the prefill and step.
+
+    Returns:
+        NumPy int32 `(B, T + n)`: the prompts followed by the `n <= max_new_tokens` new
+        tokens (`n < max_new_tokens` only when every row reached an EOS).
+
+    Raises:
+        ValueError: a bad argument (non-positive `max_new_tokens`, ids outside the
+            vocabulary, a right-padded prompt, ...), named in the message.
+
+    Example:
+        >>> generate(model, [[5, 6, 7]], max_new_tokens=2, temperature=0.8, seed=0)
+        ... # doctest: +SKIP
+        array([[ 5,  6,  7, 41, 12]], dtype=int32)
+    """
+    ids, mask = _check_arguments(
+        model, token_ids, max_new_tokens, temperature, top_k, top_p, padding_mask
+    )
+    eos = _eos_ids(eos_token_id, model.vocab_size)
+    rng = np.random.default_rng(seed)
+    batch, length = ids.shape
+    max_length = -(-(length + max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
+    key_mask = np.ones((batch, max_length), dtype=bool)
+    key_mask[:, :length] = mask
+
+    decoder = _decoder_for(model, compile_torch)
+    caches = model.init_caches(batch, max_length)
+    key_mask_tensor = keras.ops.convert_to_tensor(key_mask)
+    logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
+    finished = np.zeros(batch, dtype=bool)
+    new_tokens = []
+    for step in range(max_new_tokens):
+        chosen = _choose(
+            np.asarray(keras.ops.convert_to_numpy(logits)), temperature, top_k, top_p, rng
+        ).astype(np.int32)
+        if eos.size:
+            chosen = np.where(finished, eos[0], chosen)
+            finished |= np.isin(chosen, eos)
+        new_tokens.append(chosen)
+        if step == max_new_tokens - 1 or (eos.size and finished.all()):
+            break
+        logits, caches = decoder.step(
+            keras.ops.convert_to_tensor(chosen[:, None]), key_mask_tensor, caches, length + step
+        )
+    return np.concatenate([ids, np.stack(new_tokens, axis=1)], axis=1)
+
+
+__all__ = ["CACHE_BUCKET", "generate", "generation_stats"]

@@ -1,0 +1,419 @@
+"""`from_pretrained`: a Hub checkpoint (local folder or Hub id) as a keras-mha Keras model.
+
+The config goes through `keras_mha.cards` (`load_config` -> `from_config` -> `ModelSpec`),
+the family's traits come from `families.FAMILY_TRAITS`, each attention layer from
+`keras_mha.cards.build_attention`, and the tensors are placed by the family's table in
+`weight_names`. Loading is checked before anything is read: every expected tensor must
+be present, none unexplained, and every shape (read from the safetensors headers) must
+be the one the config implies; only then are tensors read, one at a time
+(`safetensors.safe_open`), converted, assigned and dropped, so memory holds the model
+and a single tensor besides.
+
+Example:
+    >>> from keras_mha.models import from_pretrained
+    >>> model = from_pretrained("path/to/checkpoint")  # doctest: +SKIP
+    >>> model = from_pretrained("Qwen/Qwen2.5-0.5B", dtype="bfloat16")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from keras_mha.cards.checkpoint_weights import (
+    INDEX_FILE_NAME,
+    SINGLE_FILE_NAME,
+    SafetensorsCheckpoint,
+)
+from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
+from keras_mha.models.families import activation_name, traits_for
+from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
+
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+_TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+# -- building the model from a spec ------------------------------------------------------------
+
+
+def build_model(spec, *, dtype="float32", initializer="default", name=None):
+    """An untrained `DecoderModel` / `EncoderModel` shaped like `spec`.
+
+    Args:
+        spec: a `ModelSpec` (`keras_mha.cards.spec.from_config(config)`).
+        dtype: the model's dtype (variables and computation).
+        initializer: "default" (random, for training from scratch) or "zeros" (cheap,
+            for weights about to be loaded).
+        name: the Keras model name; default the family.
+
+    Raises:
+        UnsupportedModelError: a family or feature keras_mha.models does not build.
+
+    Example:
+        >>> from keras_mha.cards import load_config
+        >>> from keras_mha.cards.spec import from_config
+        >>> spec = from_config(load_config("bundled:Qwen/Qwen2.5-0.5B").config)
+        >>> build_model(spec).count_params()  # doctest: +SKIP
+        494032768
+    """
+    from keras_mha.cards.rebuild import build_attention
+    from keras_mha.models.blocks import DecoderBlock, EncoderBlock
+    from keras_mha.models.decoder import DecoderModel
+    from keras_mha.models.encoder import EncoderModel
+
+    traits = traits_for(spec)
+    activation = activation_name(spec, traits)
+    epsilon = spec.norm_eps if spec.norm_eps is not None else traits.default_norm_epsilon
+    zeros = initializer == "zeros"
+    kernel = "zeros" if zeros else "glorot_uniform"
+    common = {"dtype": dtype}
+    blocks = []
+    for index in range(spec.num_hidden_layers):
+        try:
+            attention = build_attention(
+                spec, index, name="attention", kernel_initializer=kernel, build=False, **common
+            )
+        except NotImplementedError as error:
+            raise UnsupportedModelError(f"model_type={spec.model_type!r}: {error}") from None
+        if traits.kind == "decoder":
+            block = DecoderBlock(
+                spec.hidden_size,
+                spec.intermediate_size,
+                attention,
+                activation=activation,
+                norm_epsilon=epsilon,
+                norm_scale_offset=traits.norm_scale_offset,
+                sandwich_norms=traits.sandwich_norms,
+                mlp_bias=spec.mlp_bias,
+                kernel_initializer=kernel,
+                name=f"block_{index}",
+                **common,
+            )
+        else:
+            block = EncoderBlock(
+                spec.hidden_size,
+                spec.intermediate_size,
+                attention,
+                activation=activation,
+                norm_epsilon=epsilon,
+                kernel_initializer=kernel,
+                name=f"block_{index}",
+                **common,
+            )
+        blocks.append(block)
+    identity = {
+        "family": spec.family,
+        "weight_naming": traits.weight_naming,
+        "hub_config": spec.raw,
+        "name": name or spec.family,
+        "embeddings_initializer": "zeros" if zeros else "uniform",
+    }
+    if traits.kind == "decoder":
+        return DecoderModel(
+            spec.vocab_size,
+            spec.hidden_size,
+            blocks,
+            tie_word_embeddings=spec.tie_word_embeddings,
+            norm_epsilon=epsilon,
+            norm_scale_offset=traits.norm_scale_offset,
+            embedding_scale=traits.embedding_scale,
+            final_logit_soft_cap=spec.final_logit_softcapping,
+            kernel_initializer=kernel,
+            **identity,
+            **common,
+        )
+    return EncoderModel(
+        spec.vocab_size,
+        spec.hidden_size,
+        blocks,
+        max_position_embeddings=spec.max_position_embeddings or 512,
+        type_vocab_size=max(spec.token_type_vocab_size, 1),
+        norm_epsilon=epsilon,
+        **identity,
+        **common,
+    )
+
+
+# -- finding the files ---------------------------------------------------------------------------
+
+
+def _local_directory(source: str, revision) -> Path | None:
+    path = Path(source).expanduser()
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{path}: not a directory; from_pretrained needs a folder with config.json and "
+            f"{SINGLE_FILE_NAME} (or {INDEX_FILE_NAME} and its shards)",
+            path=str(path),
+        )
+    if revision is not None:
+        warnings.warn(f"revision={revision!r} is ignored for the local folder {path}", stacklevel=3)
+    if not (path / "config.json").is_file():
+        present = sorted(p.name for p in path.iterdir())[:8]
+        hint = " (a tokenizer-only folder?)" if any("tokenizer" in n for n in present) else ""
+        raise CheckpointError(
+            f"{path}: no config.json{hint}; it holds {present}; from_pretrained needs "
+            f"config.json and {SINGLE_FILE_NAME} (or {INDEX_FILE_NAME} and its shards)",
+            path=str(path),
+        )
+    return path
+
+
+def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
+    """(config, folder of the safetensors files) of a Hub id, through the HF cache."""
+    from keras_mha.cards.hub import _offline_requested, load_config
+
+    loaded = load_config(source, revision=revision, token=token)
+    if loaded.source != "hub":
+        raise CheckpointError(
+            f"{source}: the Hub could not be reached and no cached checkpoint exists "
+            f"({loaded.note}); a bundled card has a config but no weights",
+            model_id=source,
+        )
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    arguments = dict(
+        repo_id=source,
+        revision=loaded.commit or revision,
+        token=token,
+        local_files_only=_offline_requested(),
+    )
+
+    def download(filename):
+        try:
+            return Path(huggingface_hub.hf_hub_download(filename=filename, **arguments))
+        except (EntryNotFoundError, LocalEntryNotFoundError):
+            return None
+
+    index = download(INDEX_FILE_NAME)
+    if index is not None:
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CheckpointError(
+                f"{source}: {INDEX_FILE_NAME} is not a safetensors index ({error})",
+                model_id=source,
+            ) from None
+        for shard in shards:
+            if Path(shard).name != shard or download(shard) is None:
+                raise CheckpointError(
+                    f"{source}: shard {shard!r} named in {INDEX_FILE_NAME} could not be fetched",
+                    model_id=source,
+                )
+        return loaded.config, index.parent
+    single = download(SINGLE_FILE_NAME)
+    if single is None:
+        raise CheckpointError(
+            f"{source}: the repository has neither {SINGLE_FILE_NAME} nor {INDEX_FILE_NAME} "
+            f"(keras_mha.models reads safetensors only)",
+            model_id=source,
+        )
+    return loaded.config, single.parent
+
+
+# -- dtype ---------------------------------------------------------------------------------
+
+
+def _has_accelerator() -> bool:
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.devices()[0].platform != "cpu"
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    return False
+
+
+def choose_dtype(config: dict, dtype: str | None) -> str:
+    """The dtype asked for, else the checkpoint's where the device computes it well.
+
+    The config's `torch_dtype` (or `dtype`, transformers >= 4.56) is used when it is
+    float32, or when a GPU/TPU is present; half precision on a CPU falls back to
+    float32 (CPU kernels for bfloat16/float16 are slow or missing on some backends).
+
+    Example:
+        >>> choose_dtype({"torch_dtype": "float32"}, None)
+        'float32'
+        >>> choose_dtype({}, "bfloat16")
+        'bfloat16'
+    """
+    if dtype is not None:
+        dtype = str(dtype)
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype={dtype!r}; expected one of {list(SUPPORTED_DTYPES)} or None")
+        return dtype
+    declared = config.get("torch_dtype") or config.get("dtype")
+    if isinstance(config.get("text_config"), dict):
+        declared = declared or config["text_config"].get("torch_dtype")
+    declared = _TORCH_DTYPES.get(str(declared).replace("torch.", ""))
+    if declared is None or declared == "float32":
+        return "float32"
+    return declared if _has_accelerator() else "float32"
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str):
+    """The bound rules, after checking names and shapes against the checkpoint headers."""
+    keys = checkpoint.keys()
+    prefix = names.find_prefix(keys)
+    if prefix is None:
+        anchor = names.anchor.format(prefix="")
+        raise CheckpointError(
+            f"{where}: no {anchor!r} (under any of the stems {list(names.prefixes)}); is this a "
+            f"{model.family} checkpoint? first tensors: {keys[:4]}",
+            path=where,
+        )
+    model.hub_prefix = prefix
+    bound = bound_rules(model, names, prefix, len(model.blocks))
+    expected = {rule.hub_name: rule for rule in bound}
+    tied_head = getattr(model, "lm_head", "absent") is None
+    unexpected = [
+        key
+        for key in keys
+        if key not in expected
+        and not names.is_ignored(key)
+        # A tied head saved anyway (some exporters do) duplicates the embeddings.
+        and not (tied_head and key == "lm_head.weight")
+        # Gemma 3 multimodal checkpoints: the vision tower is not part of the text model.
+        and not (
+            prefix == "model.language_model."
+            and not key.startswith(prefix)
+            and key != "lm_head.weight"
+        )
+    ]
+    missing = [name for name in expected if name not in checkpoint]
+    if missing:
+        raise CheckpointError(
+            f"{where}: tensor {missing[0]!r} is missing ({len(missing)} missing in all) but the "
+            f"config (model_type={model.family!r}) needs it",
+            path=where,
+            key=missing[0],
+        )
+    if unexpected:
+        raise CheckpointError(
+            f"{where}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all) "
+            f"has no place in a {model.family} model built from this config",
+            path=where,
+            key=unexpected[0],
+        )
+    for rule in bound:
+        variable_shapes = [tuple(resolve(model, path).shape) for path in rule.variables]
+        want = tuple(rule.transform.hub_shape(variable_shapes))
+        have = checkpoint.shape_of(rule.hub_name)
+        if have != want:
+            raise CheckpointError(
+                f"{checkpoint.file_of(rule.hub_name)}: tensor {rule.hub_name!r} has shape "
+                f"{have}, but config.json implies {want}",
+                path=str(checkpoint.file_of(rule.hub_name)),
+                key=rule.hub_name,
+                value=have,
+            )
+    return bound
+
+
+def load_weights(model, checkpoint_dir) -> dict[str, str]:
+    """Fill `model` from a safetensors checkpoint; checked first, then one tensor at a time.
+
+    Returns:
+        `{variable path: hub tensor name}` for every variable assigned.
+
+    Raises:
+        CheckpointError: no safetensors, a missing or unexpected tensor, or a shape that
+            disagrees with the config; the model is left untouched then.
+    """
+    from keras import ops
+
+    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
+    names = FAMILY_WEIGHT_NAMES[model.weight_naming]
+    bound = _check_and_bind(model, names, checkpoint, checkpoint.describe())
+    sources = {}
+    for rule in bound:
+        variables = [resolve(model, path) for path in rule.variables]
+        tensor = checkpoint.get(rule.hub_name)
+        values = rule.transform.to_keras(tensor, [tuple(v.shape) for v in variables])
+        del tensor
+        for variable, value, path in zip(variables, values, rule.variables, strict=True):
+            variable.assign(ops.cast(value, variable.dtype))
+            sources[path] = rule.hub_name
+        del values, value
+        _return_freed_memory()
+    return sources
+
+
+def _return_freed_memory():
+    """Give freed heap pages back to the OS (glibc keeps them otherwise, inflating RSS)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def from_pretrained(source, *, dtype=None, revision=None, token=None):
+    """A Keras model of keras-mha layers from a Hub checkpoint.
+
+    Args:
+        source: a local folder (`config.json` + `model.safetensors`, or
+            `model.safetensors.index.json` and its shards) or a Hub model id, fetched
+            through the HF cache (`HF_TOKEN`, `HF_ENDPOINT`, `HF_HUB_OFFLINE` apply).
+        dtype: "float32", "bfloat16" or "float16"; default the checkpoint's own where the
+            device computes it well (see `choose_dtype`), else float32.
+        revision: Hub branch, tag or commit (Hub ids only).
+        token: Hub token; None uses the stored login / `HF_TOKEN`.
+
+    Returns:
+        A `DecoderModel` (causal LMs: logits `(B, T, vocab)`) or `EncoderModel` (BERT and
+        sentence-transformers: last hidden state `(B, T, hidden)`).
+
+    Raises:
+        CheckpointError: no config.json or safetensors; tensors missing, unexpected or of
+            a shape the config does not imply.
+        ConfigError: a config value that cannot be read.
+        UnsupportedModelError: a family or feature keras_mha.models does not build.
+
+    Example:
+        >>> model = from_pretrained("path/to/tiny-llama")  # doctest: +SKIP
+        >>> model(np.array([[1, 2, 3]])).shape  # doctest: +SKIP
+        (1, 3, 100)
+    """
+    from keras_mha.cards.hub import read_config_file
+    from keras_mha.cards.spec import from_config
+
+    if not isinstance(source, (str, Path)) or not str(source).strip():
+        raise ValueError(f"source={source!r}; expected a local folder or a Hub model id")
+    source = str(source).strip()
+    directory = _local_directory(source, revision)
+    if directory is not None:
+        config = read_config_file(directory / "config.json", described_as=str(directory))
+        SafetensorsCheckpoint(directory)  # a folder without safetensors fails before building
+    else:
+        config, directory = _hub_checkpoint(source, revision, token)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unknown families are refused below, by name
+        try:
+            spec = from_config(config, model_id=source)
+        except ConfigError:
+            raise
+    model = build_model(spec, dtype=choose_dtype(config, dtype), initializer="zeros")
+    load_weights(model, directory)
+    # save_pretrained copies the tokenizer files from here.
+    model.source_directory = str(directory)
+    return model
+
+
+__all__ = ["build_model", "choose_dtype", "from_pretrained", "load_weights"]

@@ -1,0 +1,187 @@
+"""Tiny random Hub checkpoints written by transformers, shared by the tests/test_models_* files.
+
+Each case is a transformers config class, its arguments and the model class to save.
+`checkpoint(tmp_path_factory, case)` writes it once per test session (every weight
+perturbed so norms and biases are not trivial), with transformers' reference logits /
+hidden states for one padded and one unpadded batch, and caches the result for every
+test module of the session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SMALL = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 96,
+    "vocab_size": 128,
+}
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    # Small, so that the test positions reach the scaled frequencies.
+    "original_max_position_embeddings": 8,
+}
+
+# case -> (config class, arguments, model class)
+CASES = {
+    "llama": (
+        "LlamaConfig",
+        {
+            **SMALL,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rope_scaling": LLAMA3_SCALING,
+            "tie_word_embeddings": False,
+        },
+        "LlamaForCausalLM",
+    ),
+    "llama_plain": (
+        "LlamaConfig",
+        {**SMALL, "num_key_value_heads": 2, "tie_word_embeddings": False},
+        "LlamaForCausalLM",
+    ),
+    "llama_tied_bias": (
+        "LlamaConfig",
+        {
+            **SMALL,
+            "num_key_value_heads": 4,
+            "attention_bias": True,
+            "mlp_bias": True,
+            "tie_word_embeddings": True,
+        },
+        "LlamaForCausalLM",
+    ),
+    "mistral": (
+        "MistralConfig",
+        {**SMALL, "num_key_value_heads": 1, "head_dim": 16, "sliding_window": 4},
+        "MistralForCausalLM",
+    ),
+    "qwen2": ("Qwen2Config", {**SMALL, "num_key_value_heads": 2}, "Qwen2ForCausalLM"),
+    "qwen3": (
+        "Qwen3Config",
+        {**SMALL, "num_key_value_heads": 2, "head_dim": 16},
+        "Qwen3ForCausalLM",
+    ),
+    "gemma": (
+        "GemmaConfig",
+        {**SMALL, "num_key_value_heads": 1, "head_dim": 24, "hidden_act": "gelu_pytorch_tanh"},
+        "GemmaForCausalLM",
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            **SMALL,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "sliding_window": 4,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+        },
+        "Gemma2ForCausalLM",
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            **SMALL,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "sliding_window": 4,
+            "query_pre_attn_scalar": 24,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
+        "Gemma3ForCausalLM",
+    ),
+    "phi3": (
+        "Phi3Config",
+        {
+            **SMALL,
+            "num_key_value_heads": 2,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "bos_token_id": 1,
+        },
+        "Phi3ForCausalLM",
+    ),
+    "bert": (
+        "BertConfig",
+        {**SMALL, "max_position_embeddings": 32, "type_vocab_size": 2},
+        "BertModel",
+    ),
+}
+DECODERS = [case for case in CASES if case != "bert"]
+BATCH, LENGTH = 2, 9
+
+
+@dataclass
+class Checkpoint:
+    """A written checkpoint and transformers' outputs on `token_ids`."""
+
+    case: str
+    directory: Path
+    token_ids: np.ndarray
+    padding_mask: np.ndarray  # row 1 left-padded by 3 (decoders) / right-padded (encoders)
+    reference: np.ndarray  # logits or last hidden state, without padding
+    reference_padded: np.ndarray  # with `padding_mask`
+    model: object  # the transformers model (eval mode)
+
+
+_CACHE: dict[str, Checkpoint] = {}
+
+
+def checkpoint(tmp_path_factory, case: str) -> Checkpoint:
+    """The checkpoint of `case`, written on first use in this session."""
+    if case in _CACHE:
+        return _CACHE[case]
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config_class, arguments, model_class = CASES[case]
+    torch.manual_seed(sum(map(ord, case)))
+    config = getattr(transformers, config_class)(**arguments)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    directory = tmp_path_factory.mktemp(f"checkpoint_{case}")
+    model.save_pretrained(directory)
+
+    generator = np.random.default_rng(0)
+    token_ids = generator.integers(2, SMALL["vocab_size"], (BATCH, LENGTH)).astype(np.int64)
+    padding_mask = np.ones((BATCH, LENGTH), dtype=np.int64)
+    if case == "bert":
+        padding_mask[1, -3:] = 0  # BERT batches are right-padded
+    else:
+        padding_mask[1, :3] = 0  # decoders are left-padded
+
+    def run(mask):
+        with torch.no_grad():
+            output = model(
+                input_ids=torch.from_numpy(token_ids), attention_mask=torch.from_numpy(mask)
+            )
+        result = output.logits if hasattr(output, "logits") else output.last_hidden_state
+        return result.numpy()
+
+    made = Checkpoint(
+        case,
+        directory,
+        token_ids,
+        padding_mask,
+        run(np.ones_like(padding_mask)),
+        run(padding_mask),
+        model,
+    )
+    _CACHE[case] = made
+    return made

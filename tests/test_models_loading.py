@@ -1,0 +1,205 @@
+"""Loading paths and bad input of keras_mha.models, and the weight-name table's inverse.
+
+- A Hub id through a local Hub-protocol server (tests/hub_server.py), then offline from
+  the HF cache; a sharded checkpoint with its index.
+- Every kind of bad input gives one line naming the file, tensor or argument.
+- `weight_names.hub_tensors` (the direction `save_pretrained` uses) gives back exactly
+  the tensors transformers wrote, for every naming (split q/k/v, fused qkv and gate/up,
+  Gemma's 1 + w q/k norms, BERT).
+- Sampling is seeded and restricted as documented; an EOS ends rows.
+"""
+
+import json
+import shutil
+
+import keras
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from keras_mha.errors import CheckpointError, UnsupportedModelError
+from keras_mha.models import from_pretrained, generate
+from keras_mha.models.weight_names import hub_tensors
+from tests.hub_server import hub_environment
+from tests.models_checkpoints import checkpoint
+
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    made = checkpoint(tmp_path_factory, "llama")
+    return made, from_pretrained(made.directory)
+
+
+def copy_checkpoint(made, tmp_path, name="copy"):
+    target = tmp_path / name
+    shutil.copytree(made.directory, target)
+    return target
+
+
+def logits(model, made):
+    return keras.ops.convert_to_numpy(model(made.token_ids))
+
+
+# -- where checkpoints come from ------------------------------------------------------------------
+
+
+def test_hub_id_through_the_hf_cache_then_offline(llama, tmp_path, monkeypatch):
+    made, _ = llama
+    files = {path.name: path.read_bytes() for path in made.directory.iterdir()}
+    with hub_environment(tmp_path, monkeypatch, {"org/tiny-llama": {"main": files}}) as hub:
+        model = from_pretrained("org/tiny-llama")
+        np.testing.assert_allclose(logits(model, made), made.reference, atol=ATOL, rtol=0)
+        fetched = {request.path.rsplit("/", 1)[-1] for request in hub.resolve_requests("GET")}
+        assert {"config.json", "model.safetensors"} <= fetched
+        hub.stop()
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        from huggingface_hub import constants
+
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        again = from_pretrained("org/tiny-llama")
+        np.testing.assert_allclose(logits(again, made), made.reference, atol=ATOL, rtol=0)
+
+
+def test_hub_repository_without_safetensors(llama, tmp_path, monkeypatch):
+    made, _ = llama
+    files = {"config.json": (made.directory / "config.json").read_bytes()}
+    with hub_environment(tmp_path, monkeypatch, {"org/no-weights": {"main": files}}):
+        with pytest.raises(CheckpointError, match="neither model.safetensors nor"):
+            from_pretrained("org/no-weights")
+
+
+def test_sharded_checkpoint_with_index(tmp_path_factory, tmp_path):
+    made = checkpoint(tmp_path_factory, "qwen2")
+    made.model.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    model = from_pretrained(tmp_path)
+    np.testing.assert_allclose(logits(model, made), made.reference, atol=ATOL, rtol=0)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_folder_without_safetensors(llama, tmp_path):
+    made, _ = llama
+    shutil.copy(made.directory / "config.json", tmp_path / "config.json")
+    with pytest.raises(CheckpointError, match=r"no model\.safetensors or model\.safetensors"):
+        from_pretrained(tmp_path)
+
+
+def test_tokenizer_only_folder(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no config.json .a tokenizer-only folder") as error:
+        from_pretrained(tmp_path)
+    assert "\n" not in str(error.value)
+
+
+def test_shape_disagreeing_with_the_config(llama, tmp_path):
+    made, _ = llama
+    folder = copy_checkpoint(made, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] = 80
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp"):
+        from_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        ("drop", r"tensor 'model\.layers\.1\.self_attn\.k_proj\.weight' is missing"),
+        ("add", r"unexpected tensor 'model\.layers\.0\.self_attn\.extra\.weight'"),
+    ],
+)
+def test_missing_and_unexpected_tensors(llama, tmp_path, edit, message):
+    made, _ = llama
+    folder = copy_checkpoint(made, tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    if edit == "drop":
+        del tensors["model.layers.1.self_attn.k_proj.weight"]
+    else:
+        tensors["model.layers.0.self_attn.extra.weight"] = np.zeros((2, 2), np.float32)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=message):
+        from_pretrained(folder)
+
+
+def test_unsupported_family_is_named(tmp_path):
+    config = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 32,
+        "n_head": 4,
+        "n_layer": 1,
+        "vocab_size": 50,
+        "n_positions": 16,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"wte.weight": np.zeros((50, 32), np.float32)}, tmp_path / "model.safetensors")
+    with pytest.raises(UnsupportedModelError, match="model_type='gpt2'.*learned position"):
+        from_pretrained(tmp_path)
+    assert issubclass(UnsupportedModelError, NotImplementedError)
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda m: m(np.array([[1, 500]])), r"token_ids holds 500, outside the vocabulary"),
+        (lambda m: generate(m, [[1, -1]], 2), r"token_ids holds -1, outside the vocabulary"),
+        (lambda m: generate(m, [[1, 2]], 0), r"max_new_tokens=0; expected a positive integer"),
+        (lambda m: generate(m, [[1, 2]], -3), r"max_new_tokens=-3"),
+        (lambda m: generate(m, [[1, 2]], 2, temperature=-1.0), r"temperature=-1.0"),
+        (lambda m: generate(m, [[1, 2]], 2, top_p=1.5), r"top_p=1.5"),
+        (
+            lambda m: generate(m, [[1, 2]], 2, padding_mask=[[1, 0]]),
+            r"row 0 ends with padding; generate needs left-padded",
+        ),
+    ],
+)
+def test_bad_arguments_are_named(llama, call, message):
+    _, model = llama
+    with pytest.raises(ValueError, match=message) as error:
+        call(model)
+    assert "\n" not in str(error.value)
+
+
+# -- the inverse direction of the weight-name table -----------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["llama_tied_bias", "phi3", "gemma3", "bert"])
+def test_hub_tensors_give_back_the_checkpoint(tmp_path_factory, case):
+    made = checkpoint(tmp_path_factory, case)
+    model = from_pretrained(made.directory)
+    written = load_file(made.directory / "model.safetensors")
+    exported = dict(hub_tensors(model))
+    ignored = {name for name in written if "pooler" in name or "position_ids" in name}
+    assert set(exported) == set(written) - ignored
+    for name, tensor in exported.items():
+        np.testing.assert_allclose(tensor, written[name], atol=1e-6, rtol=0, err_msg=name)
+
+
+# -- sampling -----------------------------------------------------------------------------------
+
+
+def test_sampling_is_seeded_and_restricted(llama):
+    made, model = llama
+    prompt = made.token_ids[:, :4]
+    first = generate(model, prompt, 5, temperature=1.0, seed=3)
+    assert np.array_equal(first, generate(model, prompt, 5, temperature=1.0, seed=3))
+    others = [generate(model, prompt, 5, temperature=1.0, seed=s) for s in range(4, 8)]
+    assert any(not np.array_equal(first, other) for other in others)
+    greedy = generate(model, prompt, 5)
+    assert np.array_equal(generate(model, prompt, 5, temperature=0.7, top_k=1, seed=0), greedy)
+    assert np.array_equal(generate(model, prompt, 5, temperature=0.7, top_p=1e-6, seed=0), greedy)
+
+
+def test_eos_ends_rows_and_generation(llama):
+    made, model = llama
+    prompt = made.token_ids[:1, :4]
+    greedy = generate(model, prompt, 6)
+    eos = int(greedy[0, 5])  # the second new token
+    stopped = generate(model, prompt, 6, eos_token_id=eos)
+    assert stopped.shape == (1, 6) and np.array_equal(stopped, greedy[:, :6])

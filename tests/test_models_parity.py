@@ -1,0 +1,87 @@
+"""Whole models from `from_pretrained` against transformers, per family, on the current backend.
+
+transformers writes each tiny checkpoint (`tests/models_checkpoints.py`: random weights
+perturbed so every norm and bias matters) and computes the reference; keras-mha reads
+the folder back with `from_pretrained` and must give the same logits (decoders) or last
+hidden states (BERT) to 1e-4, with and without padding, and `generate` must pick the
+same tokens as transformers' greedy `generate(do_sample=False)` on a left-padded batch.
+Padded positions are compared only where transformers defines them (not on the queries
+of left padding, whose every key is masked).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_mha.models import from_pretrained, generate, generation_stats
+from tests.models_checkpoints import CASES, checkpoint
+
+ATOL = 1e-4
+NEW_TOKENS = 6
+# The decode path of the families whose attention differs most (MQA with a sliding window,
+# soft caps and alternating windows, q/k norms with per-layer RoPE, fused qkv); fewer
+# cases keep the compile time of every leg low.
+GENERATION_CASES = ["mistral", "gemma2", "gemma3", "phi3"]
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    models = {}
+
+    def load(case):
+        if case not in models:
+            made = checkpoint(tmp_path_factory, case)
+            models[case] = (made, from_pretrained(made.directory))
+        return models[case]
+
+    return load
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_outputs_equal_transformers(loaded, case):
+    made, model = loaded(case)
+    # One call for both batches: the unpadded rows, then the padded ones.
+    token_ids = np.concatenate([made.token_ids, made.token_ids])
+    padding_mask = np.concatenate([np.ones_like(made.padding_mask), made.padding_mask])
+    outputs = keras.ops.convert_to_numpy(
+        model({"token_ids": token_ids, "padding_mask": padding_mask})
+    )
+    unpadded, padded = outputs[:2], outputs[2:]
+    np.testing.assert_allclose(unpadded, made.reference, atol=ATOL, rtol=0)
+    valid = made.padding_mask.astype(bool)
+    if case == "bert":
+        valid[:] = True  # every query row of BERT is defined: only keys are masked
+    np.testing.assert_allclose(padded[valid], made.reference_padded[valid], atol=ATOL, rtol=0)
+    # The padded row really differs from the unpadded one (the mask is applied).
+    assert np.abs(padded[1, 3:6] - unpadded[1, 3:6]).max() > 1e-3
+    # A bare token-ids tensor is the unpadded batch.
+    if case == "llama":
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(model(made.token_ids)), made.reference, atol=ATOL, rtol=0
+        )
+
+
+@pytest.mark.parametrize("case", GENERATION_CASES)
+def test_greedy_generation_equals_transformers(loaded, case):
+    import torch
+
+    made, model = loaded(case)
+    prompt, mask = made.token_ids[:, :7], made.padding_mask[:, :7]
+    with torch.no_grad():
+        expected = made.model.generate(
+            input_ids=torch.from_numpy(prompt),
+            attention_mask=torch.from_numpy(mask),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        ).numpy()
+    ours = generate(model, prompt, NEW_TOKENS, padding_mask=mask)
+    np.testing.assert_array_equal(ours, expected)
+    if case == "mistral":
+        # A prompt of another length reuses the compiled decode step.
+        generate(model, prompt[:, 1:], NEW_TOKENS, padding_mask=mask[:, 1:])
+        stats = generation_stats(model)
+        if stats["compiled"]:
+            assert (stats["step_traces"], stats["prefill_traces"]) == (1, 2), stats
+        assert stats["step_calls"] == 2 * (NEW_TOKENS - 1)
