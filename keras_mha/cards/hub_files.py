@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 from keras_mha.cards import hub_cache
@@ -192,6 +193,7 @@ def _download(
     )
     headers["Accept-Encoding"] = "identity"
     checked: dict = {}
+    lock = threading.Lock()
 
     def open_sink(answer):
         # Every name the server chose is checked before a byte is written.
@@ -210,8 +212,11 @@ def _download(
                 f"{one_line(answer.linked_size)[:40]!r} but sends Content-Length "
                 f"{one_line(str(declared))[:40]!r}"
             )
-        handle, checked["temporary"] = hub_cache.blob_temporary(cache_dir, repo_id)
-        checked["sink"] = _HashingSink(handle, len(checked["etag"]) == _SHA256_LENGTH)
+        with lock:  # the waiting thread may have given up: then leave no temporary file
+            if checked.get("abandoned"):
+                raise _Unreachable("the deadline passed")
+            handle, checked["temporary"] = hub_cache.blob_temporary(cache_dir, repo_id)
+            checked["sink"] = _HashingSink(handle, len(checked["etag"]) == _SHA256_LENGTH)
         return checked["sink"]
 
     try:
@@ -231,8 +236,10 @@ def _download(
         except _AlreadyCached as cached:
             return cached.path
         finally:
-            if "sink" in checked:
-                checked["sink"].handle.close()
+            with lock:
+                checked["abandoned"] = True
+                if "sink" in checked:
+                    checked["sink"].handle.close()
         if answer.status == 404 and answer.headers.get("x-error-code") in (None, "EntryNotFound"):
             return None  # the repository has no such file
         if not 200 <= answer.status < 300:
