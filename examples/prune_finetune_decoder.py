@@ -205,9 +205,7 @@ def main(argv=None):
     print("|---|---|")
     print(f"| before pruning ({heads} heads) | {before:.2f} |")
     print(f"| after gating off 50% of the heads | {after_pruning:.2f} |")
-    print(
-        f"| after {arguments.finetune_epochs - 1} epochs of fine-tuning | {after_finetuning:.2f} |"
-    )
+    print(f"| after {arguments.finetune_epochs} epochs of fine-tuning | {after_finetuning:.2f} |")
     print(
         f"\nremoved physically: {parameters:,} -> {model.count_params():,} parameters; "
         f"Keras perplexity of the pruned model {perplexity(model, held_out, 16):.2f}; "

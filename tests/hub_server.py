@@ -75,6 +75,8 @@ class Hostile:
         trickle_seconds: wait this long before each byte of the body.
         redirect: "loop" (Location: the same URL), "chain" (a new URL every time, forever)
             or a full URL to send the client to (another server).
+        only_files: when not empty, only these file names misbehave (e.g. the weights,
+            so that config.json loads and the weights download meets the hostility).
     """
 
     etag: object = KEEP
@@ -85,6 +87,7 @@ class Hostile:
     body_bytes: int = 0
     trickle_seconds: float = 0.0
     redirect: str | None = None
+    only_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,9 @@ class FakeHub:
             "Content-Length": str(len(content)),
             "Content-Type": "application/json" if filename.endswith(".json") else "text/plain",
         }
-        if self.hostile is None:
+        if self.hostile is None or (
+            self.hostile.only_files and filename not in self.hostile.only_files
+        ):
             return 200, headers, content
         return self._misbehave(path, headers, content)
 

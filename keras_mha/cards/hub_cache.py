@@ -30,6 +30,8 @@ from keras_mha.safe_text import one_line
 
 CONFIG_FILENAME = "config.json"
 _ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+# A top-level file of a repository (what keras-mha downloads); never a path.
+_FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 
 
 def normalize_etag(etag: str | None) -> str | None:
@@ -125,6 +127,100 @@ def store_config(
     return pointer
 
 
+def check_filename(filename: str) -> str:
+    """`filename` when it is a plain top-level file name (no '/', no '..'); else ValueError.
+
+    Example:
+        >>> check_filename("model-00001-of-00002.safetensors")
+        'model-00001-of-00002.safetensors'
+    """
+    if not isinstance(filename, str) or not _FILENAME.fullmatch(filename) or ".." in filename:
+        raise ValueError(f"not a plain file name: {one_line(repr(filename))[:120]}")
+    return filename
+
+
+def blob_temporary(cache_dir: str | os.PathLike, repo_id: str):
+    """`(open binary file, its path)`: a private temporary file in the repo's blobs folder,
+    where a streamed download goes before `store_file` moves it into place.
+
+    Raises:
+        PathError: the cache cannot be written.
+    """
+    blobs = repo_folder(cache_dir, repo_id) / "blobs"
+    _require_inside(repo_folder(cache_dir, repo_id), blobs)
+    try:
+        blobs.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=blobs, prefix=".", suffix=".incomplete")
+    except OSError as error:
+        raise PathError(
+            f"cannot write into the HF cache {blobs}: {error.strerror or error}; free space, "
+            "fix its permissions or set HF_HUB_CACHE",
+            path=str(blobs),
+        ) from None
+    return os.fdopen(descriptor, "wb"), Path(temporary)
+
+
+def store_file(
+    cache_dir: str | os.PathLike,
+    repo_id: str,
+    *,
+    revision: str,
+    commit: str,
+    etag: str,
+    filename: str,
+    temporary: Path,
+) -> Path:
+    """Move the complete, verified download `temporary` (from `blob_temporary`) to
+    `blobs/<etag>`, point `snapshots/<commit>/<filename>` at it and `refs/<revision>` at
+    `commit`; returns the snapshot path. Every name is checked again here.
+
+    Raises:
+        PathError: the cache cannot be written.
+    """
+    folder = repo_folder(cache_dir, repo_id)
+    if not COMMIT_HASH.fullmatch(commit) or not _ETAG.fullmatch(etag):
+        raise ValueError(f"unchecked commit {commit!r} or etag {etag!r}")
+    if revision_problem(revision) is not None:
+        raise ValueError(f"unchecked revision {revision!r}")
+    check_filename(filename)
+    blob = folder / "blobs" / etag
+    pointer = folder / "snapshots" / commit / filename
+    reference = folder / "refs" / revision
+    for path in (blob, pointer, reference, temporary):
+        _require_inside(folder, path)
+    try:
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, blob)
+        _atomic_link_or_copy_file(blob, pointer)
+        if revision != commit and not _holds(reference, commit.encode()):
+            _atomic_write(reference, commit.encode())
+    except OSError as error:
+        raise PathError(
+            f"cannot write {filename} of {repo_id} into the HF cache {folder.parent}: "
+            f"{error.strerror or error}; free space, fix its permissions or set HF_HUB_CACHE",
+            path=str(error.filename or folder),
+        ) from None
+    return pointer
+
+
+def _atomic_link_or_copy_file(blob: Path, pointer: Path) -> None:
+    """As `_atomic_link_or_copy`, copying the blob in chunks where symlinks fail."""
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    temporary = pointer.parent / f".{pointer.name}.{os.getpid()}.link"
+    _remove_quietly(temporary)
+    try:
+        os.symlink(os.path.relpath(blob, pointer.parent), temporary)
+    except (OSError, NotImplementedError):
+        import shutil
+
+        shutil.copyfile(blob, temporary)
+    try:
+        os.replace(temporary, pointer)
+    except BaseException:
+        _remove_quietly(temporary)
+        raise
+
+
 def _require_inside(folder: Path, path: Path) -> None:
     root = os.path.abspath(folder)
     target = os.path.abspath(path)
@@ -180,4 +276,13 @@ def _remove_quietly(path) -> None:
         pass
 
 
-__all__ = ["checked_commit", "checked_etag", "normalize_etag", "repo_folder", "store_config"]
+__all__ = [
+    "blob_temporary",
+    "check_filename",
+    "checked_commit",
+    "checked_etag",
+    "normalize_etag",
+    "repo_folder",
+    "store_config",
+    "store_file",
+]

@@ -16,6 +16,13 @@ guarantees:
 - a body of at most `max_bytes` (10 MB), decompressed with the same cap (no gzip bomb),
   and complete (a connection closed before `Content-Length` bytes is refused).
 
+With `open_sink` (weights, gigabytes), the body is streamed instead of held: once the
+final answer's headers are in, `open_sink(answer)` checks them and returns a writable
+(or raises, and nothing is written); the body must then declare its `Content-Length`,
+is capped at it, and gets `seconds_per_byte` more seconds per declared byte on top of
+the deadline (a minimum average rate, so a trickle still ends; each read also times
+out after `timeout`).
+
 Failures raise `HubUnreachable` (no connection, timeout, offline mode: the caller may
 answer from the cache or a bundled card) or `HubResponseError` (the endpoint answered
 something refused). Messages never quote a token or a URL's password or query.
@@ -72,35 +79,46 @@ def fetch(
     timeout: float,
     described_as: str,
     secrets: tuple[str, ...] = (),
-    max_bytes: int = MAX_BODY_BYTES,
+    max_bytes: int | None = MAX_BODY_BYTES,
+    open_sink=None,
+    seconds_per_byte: float = 0.0,
 ) -> HubAnswer:
     """GET `url` within `timeout` seconds in all (see the module docstring).
+
+    `max_bytes=None` (only with `open_sink`) caps the body at its declared length.
 
     Raises:
         HubUnreachable: no answer in time, no connection, offline mode.
         HubResponseError: a redirect loop or too many redirects, a body over `max_bytes`,
             a connection closed early, an unknown content encoding.
     """
-    deadline = time.monotonic() + timeout
+    # A dict so that the exchange can extend the deadline once a streamed body's length
+    # is known; the waiting thread re-reads it.
+    clock = {"deadline": time.monotonic() + timeout, "timeout": timeout}
+    stream = (open_sink, seconds_per_byte)
     outcome: dict = {}
 
     def exchange() -> None:
         try:
-            outcome["answer"] = _exchange(url, headers, deadline, described_as, secrets, max_bytes)
+            outcome["answer"] = _exchange(
+                url, headers, clock, described_as, secrets, max_bytes, stream
+            )
         except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
             outcome["error"] = error
 
     worker = threading.Thread(target=exchange, name="keras-mha-hub-fetch", daemon=True)
     worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()) + 0.05)
-    if worker.is_alive():
-        raise HubUnreachable(f"Timeout: no complete answer within {timeout:g} s")
+    while worker.is_alive():
+        remaining = clock["deadline"] - time.monotonic()
+        if remaining <= -0.05:
+            raise HubUnreachable(f"Timeout: no complete answer within {timeout:g} s")
+        worker.join(min(max(remaining, 0.0) + 0.05, 1.0))
     if "error" in outcome:
         raise outcome["error"]
     return outcome["answer"]
 
 
-def _exchange(url, headers, deadline, described_as, secrets, max_bytes) -> HubAnswer:
+def _exchange(url, headers, clock, described_as, secrets, max_bytes, stream) -> HubAnswer:
     import httpx2
     from huggingface_hub.errors import OfflineModeIsEnabled
     from huggingface_hub.utils import get_session
@@ -118,7 +136,7 @@ def _exchange(url, headers, deadline, described_as, secrets, max_bytes) -> HubAn
             for name, value in headers.items()
             if trusted or name.lower() not in _SENSITIVE_HEADERS
         }
-        remaining = deadline - time.monotonic()
+        remaining = clock["deadline"] - time.monotonic()
         if remaining <= 0:
             raise HubUnreachable("Timeout: the deadline passed while following redirects")
         try:
@@ -139,19 +157,31 @@ def _exchange(url, headers, deadline, described_as, secrets, max_bytes) -> HubAn
                 if 300 <= status < 400 and status != 304:
                     url = _redirect_target(url, answer_headers, visited, described_as, secrets)
                     continue
-                body = b""
-                if 200 <= status < 300:
-                    body = _read_body(response, answer_headers, deadline, described_as, max_bytes)
-                return HubAnswer(
+                answer = HubAnswer(
                     status=status,
                     headers=answer_headers,
-                    body=body,
                     url=url,
                     commit=metadata.get("x-repo-commit"),
                     etag=metadata.get("x-linked-etag") or metadata.get("etag"),
                     linked_size=metadata.get("x-linked-size"),
                     hops=hops,
                 )
+                open_sink, seconds_per_byte = stream
+                if 200 <= status < 300 and open_sink is None:
+                    answer.body = _read_body(
+                        response, answer_headers, clock["deadline"], described_as, max_bytes
+                    )
+                elif 200 <= status < 300:
+                    _stream_body(
+                        response,
+                        answer,
+                        clock,
+                        described_as,
+                        max_bytes,
+                        open_sink,
+                        seconds_per_byte,
+                    )
+                return answer
         except (HubResponseError, HubUnreachable):
             raise
         except OfflineModeIsEnabled:
@@ -199,20 +229,81 @@ def _redirect_target(url, answer_headers, visited, described_as, secrets) -> str
     return target
 
 
+def _declared_length(answer_headers, described_as) -> int | None:
+    declared = answer_headers.get("content-length")
+    if declared is None:
+        return None
+    try:
+        length = int(declared)
+    except ValueError:
+        length = -1
+    if length < 0:
+        raise HubResponseError(
+            f"{described_as}: the endpoint sent Content-Length {one_line(declared)[:40]!r}, "
+            "not a number of bytes"
+        )
+    return length
+
+
+def _stream_body(response, answer, clock, described_as, max_bytes, open_sink, seconds_per_byte):
+    """Stream the body into `open_sink(answer)`: exactly the declared length, unencoded."""
+    import httpx2
+
+    declared_length = _declared_length(answer.headers, described_as)
+    if declared_length is None:
+        raise HubResponseError(
+            f"{described_as}: the endpoint sent no Content-Length; a file download needs one"
+        )
+    encoding = answer.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise HubResponseError(
+            f"{described_as}: the endpoint sent Content-Encoding {one_line(encoding)[:40]!r} "
+            "for a file download; expected identity"
+        )
+    limit = declared_length if max_bytes is None else min(max_bytes, declared_length)
+    if declared_length > limit:
+        raise HubResponseError(
+            f"{described_as}: the endpoint announced {declared_length:,} bytes; expected at "
+            f"most {limit:,}"
+        )
+    sink = open_sink(answer)
+    clock["deadline"] = max(
+        clock["deadline"], time.monotonic() + clock["timeout"] + declared_length * seconds_per_byte
+    )
+    received = 0
+    try:
+        for chunk in response.iter_raw(_CHUNK_BYTES):
+            received += len(chunk)
+            if received > limit:
+                raise HubResponseError(
+                    f"{described_as}: the endpoint sent more than the {limit:,} bytes it announced"
+                )
+            sink.write(chunk)
+            if time.monotonic() > clock["deadline"]:
+                raise HubUnreachable(
+                    f"Timeout: the body was still arriving at the deadline ({received:,} of "
+                    f"{declared_length:,} bytes)"
+                )
+    except httpx2.RemoteProtocolError:
+        pass  # closed early: reported just below as incomplete
+    except httpx2.TimeoutException as error:
+        raise HubUnreachable(
+            f"Timeout: no byte for {clock['timeout']:g} s after {received:,} of "
+            f"{declared_length:,} bytes ({type(error).__name__})"
+        ) from None
+    if received != declared_length:
+        raise HubResponseError(
+            f"{described_as}: the endpoint closed the connection after {received:,} bytes of "
+            f"the {declared_length:,} announced; the download is incomplete"
+        )
+
+
 def _read_body(response, answer_headers, deadline, described_as, max_bytes) -> bytes:
     """The body, decompressed, at most `max_bytes`, complete, before `deadline`."""
     import httpx2
 
-    declared = answer_headers.get("content-length")
-    declared_length = None
-    if declared is not None:
-        try:
-            declared_length = int(declared)
-        except ValueError:
-            raise HubResponseError(
-                f"{described_as}: the endpoint sent Content-Length {one_line(declared)[:40]!r}, "
-                "not a number"
-            ) from None
+    declared_length = _declared_length(answer_headers, described_as)
+    if declared_length is not None:
         if declared_length > max_bytes:
             raise HubResponseError(
                 f"{described_as}: the endpoint announced {declared_length:,} bytes; a "

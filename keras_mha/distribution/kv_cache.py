@@ -62,9 +62,7 @@ def kv_cache_layout(mesh, num_key_value_heads, model_axis="model", batch_axis=No
             heads_axis = model_axis
     if batch_axis is not None:
         _mesh_axis_size(mesh, batch_axis)
-    return keras.distribution.TensorLayout(
-        (batch_axis, heads_axis, None, None), device_mesh=mesh
-    )
+    return keras.distribution.TensorLayout((batch_axis, heads_axis, None, None), device_mesh=mesh)
 
 
 def distribute_kv_cache(cache, mesh, model_axis="model", batch_axis=None):

@@ -199,27 +199,24 @@ def load_for_pruning(source, *, dtype=None, revision=None, token=None):
     if local.is_dir():
         model.source_directory = local
     else:
-        model.source_directory = _fetch_hub_files(str(source), revision, token)
+        # The commit from_pretrained read (its snapshot folder's name), so the tokenizer
+        # files match the weights even if the branch moved meanwhile.
+        snapshot = Path(str(getattr(model, "source_directory", "") or "")).name
+        commit = snapshot if re.fullmatch(r"[0-9a-f]{40}", snapshot) else revision
+        model.source_directory = _fetch_hub_files(str(source), commit, token)
     return model
 
 
 def _fetch_hub_files(model_id, revision, token):
-    """The HF-cache snapshot folder of `model_id`, with its tokenizer files fetched."""
-    import huggingface_hub
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+    """The HF-cache snapshot folder of `model_id`, with its tokenizer files fetched (through
+    `hub_file`, which checks every name the endpoint sends before writing)."""
+    from keras_mha.cards.hub_files import hub_file
 
     folder = None
-    for name in COPIED_FILES:
-        try:
-            path = huggingface_hub.hf_hub_download(model_id, name, revision=revision, token=token)
-        except (EntryNotFoundError, LocalEntryNotFoundError):
-            continue
-        folder = Path(path).parent
-    if folder is None:
-        path = huggingface_hub.hf_hub_download(
-            model_id, "config.json", revision=revision, token=token
-        )
-        folder = Path(path).parent
+    for name in ("config.json", *COPIED_FILES):
+        path = hub_file(model_id, name, revision=revision, token=token)
+        if path is not None:
+            folder = path.parent
     return folder
 
 

@@ -163,7 +163,7 @@ def _local_directory(source: str, revision) -> Path | None:
 
 def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
     """(config, folder of the safetensors files) of a Hub id, through the HF cache."""
-    from keras_mha.cards.hub import _offline_requested, load_config
+    from keras_mha.cards.hub import load_config
 
     loaded = load_config(source, revision=revision, token=token)
     if loaded.source != "hub":
@@ -172,21 +172,14 @@ def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
             f"({loaded.note}); a bundled card has a config but no weights",
             model_id=source,
         )
-    import huggingface_hub
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+    from keras_mha.cards.hub_files import hub_file
 
-    arguments = dict(
-        repo_id=source,
-        revision=loaded.commit or revision,
-        token=token,
-        local_files_only=_offline_requested(),
-    )
+    # The commit the config came from: its files are fetched at that exact commit (and a
+    # cached one is never fetched again); hub_file checks every name the server sends.
+    commit = loaded.commit or revision
 
     def download(filename):
-        try:
-            return Path(huggingface_hub.hf_hub_download(filename=filename, **arguments))
-        except (EntryNotFoundError, LocalEntryNotFoundError):
-            return None
+        return hub_file(source, filename, revision=commit, token=token)
 
     index = download(INDEX_FILE_NAME)
     if index is not None:
