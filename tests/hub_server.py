@@ -387,3 +387,24 @@ def environment_for_subprocess(**overrides: str) -> dict[str, str]:
     environment = dict(os.environ)
     environment.update(overrides)
     return environment
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every file and symlink under root: relative path -> content (or link target), so a
+    test can show that nothing was written outside the HF cache."""
+    found = {}
+    for directory, _, files in os.walk(root):
+        for name in files:
+            path = Path(directory) / name
+            key = str(path.relative_to(root))
+            found[key] = os.readlink(path) if path.is_symlink() else path.read_bytes()
+    return found
+
+
+def world_with_deep_working_directory(tmp_path: Path, monkeypatch) -> Path:
+    """Make `tmp_path/a/b/c/work` the working directory (so `../../x` lands inside
+    tmp_path) and return tmp_path."""
+    work = tmp_path / "a" / "b" / "c" / "work"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    return tmp_path

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +19,16 @@ from hypothesis import strategies as st
 
 from keras_mha import cli, errors
 from keras_mha.cards.hub import load_config
-from tests.hub_server import KEEP, FakeHub, Hostile, HubRepo, commit_hash, hub_environment
+from tests.hub_server import (
+    KEEP,
+    FakeHub,
+    Hostile,
+    HubRepo,
+    commit_hash,
+    hub_environment,
+    tree,
+    world_with_deep_working_directory,
+)
 
 pytestmark = pytest.mark.backend_independent
 
@@ -45,24 +53,10 @@ REPOS = {
 }
 
 
-def tree(root: Path) -> dict[str, bytes | str]:
-    """Every file and symlink under root: relative path -> content (or link target)."""
-    found = {}
-    for directory, _, files in os.walk(root):
-        for name in files:
-            path = Path(directory) / name
-            key = str(path.relative_to(root))
-            found[key] = os.readlink(path) if path.is_symlink() else path.read_bytes()
-    return found
-
-
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A temp tree with a working directory deep inside it (so `../../x` lands in it)."""
-    work = tmp_path / "a" / "b" / "c" / "work"
-    work.mkdir(parents=True)
-    monkeypatch.chdir(work)
-    return tmp_path
+    return world_with_deep_working_directory(tmp_path, monkeypatch)
 
 
 def hostile_hub(world, monkeypatch, hostile, **options):

@@ -10,8 +10,6 @@ directly), so these run once, in the torch leg.
 
 import hashlib
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +17,13 @@ from keras_mha import errors
 from keras_mha.cards.hub_files import hub_file
 from keras_mha.models import from_pretrained
 from keras_mha.models.export import _fetch_hub_files
-from tests.hub_server import Hostile, commit_hash, hub_environment
+from tests.hub_server import (
+    Hostile,
+    commit_hash,
+    hub_environment,
+    tree,
+    world_with_deep_working_directory,
+)
 
 pytestmark = pytest.mark.backend_independent
 
@@ -35,24 +39,10 @@ REPOS = {
 CACHED_REPO = "hf_home/hub/models--org--tiny/"
 
 
-def tree(root: Path) -> dict[str, bytes | str]:
-    """Every file and symlink under root: relative path -> content (or link target)."""
-    found = {}
-    for directory, _, files in os.walk(root):
-        for name in files:
-            path = Path(directory) / name
-            key = str(path.relative_to(root))
-            found[key] = os.readlink(path) if path.is_symlink() else path.read_bytes()
-    return found
-
-
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A temp tree with a working directory deep inside it (so `../../x` lands in it)."""
-    work = tmp_path / "a" / "b" / "c" / "work"
-    work.mkdir(parents=True)
-    monkeypatch.chdir(work)
-    return tmp_path
+    return world_with_deep_working_directory(tmp_path, monkeypatch)
 
 
 def weights_hostile(**fields) -> Hostile:
