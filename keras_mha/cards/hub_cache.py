@@ -119,11 +119,7 @@ def store_config(
         if revision != commit and not _holds(reference, commit.encode()):
             _atomic_write(reference, commit.encode())
     except OSError as error:
-        raise PathError(
-            f"cannot write config.json of {repo_id} into the HF cache {folder.parent}: "
-            f"{error.strerror or error}; free space, fix its permissions or set HF_HUB_CACHE",
-            path=str(error.filename or folder),
-        ) from None
+        raise _cache_write_error(error, CONFIG_FILENAME, repo_id, folder) from None
     return pointer
 
 
@@ -195,11 +191,7 @@ def store_file(
         if revision != commit and not _holds(reference, commit.encode()):
             _atomic_write(reference, commit.encode())
     except OSError as error:
-        raise PathError(
-            f"cannot write {filename} of {repo_id} into the HF cache {folder.parent}: "
-            f"{error.strerror or error}; free space, fix its permissions or set HF_HUB_CACHE",
-            path=str(error.filename or folder),
-        ) from None
+        raise _cache_write_error(error, filename, repo_id, folder) from None
     return pointer
 
 
@@ -286,3 +278,12 @@ __all__ = [
     "store_config",
     "store_file",
 ]
+
+
+def _cache_write_error(error: OSError, filename: str, repo_id: str, folder: Path) -> PathError:
+    """The one-line error for a file that could not be written into the HF cache."""
+    return PathError(
+        f"cannot write {filename} of {repo_id} into the HF cache {folder.parent}: "
+        f"{error.strerror or error}; free space, fix its permissions or set HF_HUB_CACHE",
+        path=str(error.filename or folder),
+    )
