@@ -32,6 +32,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -72,7 +73,9 @@ def measure(folder: str) -> dict:
     keras.ops.convert_to_numpy(keras.ops.zeros((1,)) + 1)  # the backend has started
     baseline = _status_bytes("VmRSS")
     reset = _reset_peak()
+    start = time.perf_counter()
     model = from_pretrained(folder)
+    seconds = time.perf_counter() - start
     if reset:
         peak = _status_bytes("VmHWM")
     else:
@@ -88,6 +91,7 @@ def measure(folder: str) -> dict:
         "rss_after_load_bytes": after,
         "peak_increase_over_checkpoint": (peak - baseline) / size,
         "held_after_load_over_checkpoint": (after - baseline) / size,
+        "load_seconds": seconds,
     }
 
 
@@ -117,14 +121,15 @@ def table(results: list[dict]) -> str:
         f"checkpoint: {results[0]['checkpoint_bytes'] * mb:.0f} MB float32 safetensors, "
         f"{results[0]['parameters']:,} parameters; target peak < {TARGET}x",
         f"{'backend':<11} {'baseline':>9} {'peak above':>11} {'peak/ckpt':>10} "
-        f"{'held/ckpt':>10}  peak read from",
+        f"{'held/ckpt':>10} {'load':>7}  peak read from",
     ]
     for r in results:
         lines.append(
             f"{r['backend']:<11} {r['baseline_rss_bytes'] * mb:>6.0f} MB "
             f"{(r['peak_rss_bytes'] - r['baseline_rss_bytes']) * mb:>8.0f} MB "
             f"{r['peak_increase_over_checkpoint']:>9.2f}x "
-            f"{r['held_after_load_over_checkpoint']:>9.2f}x  {r['peak_from']}"
+            f"{r['held_after_load_over_checkpoint']:>9.2f}x {r['load_seconds']:>6.1f}s  "
+            f"{r['peak_from']}"
         )
     return "\n".join(lines)
 

@@ -235,6 +235,12 @@ class SafetensorsCheckpoint:
         files = sorted({str(f) for f in self._file_of.values()})
         return files[0] if len(files) == 1 else str(self.directory)
 
+    def nbytes_of(self, key: str) -> int:
+        """The bytes tensor `key` takes in its file, from the header (no data is read)."""
+        _, entry, _ = self._entry(key)
+        start, end = entry["data_offsets"]
+        return int(end) - int(start)
+
     def read(self, key: str) -> np.ndarray:
         """Tensor `key` in its stored dtype, read into a new 64-byte-aligned array.
 

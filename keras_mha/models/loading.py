@@ -6,9 +6,10 @@ the family's traits come from `families.FAMILY_TRAITS`, each attention layer fro
 `weight_names`. Loading is checked before anything is read: every expected tensor must
 be present, none unexplained, and every shape (read from the safetensors headers) must
 be the one the config implies; only then are tensors read, one at a time, each into a
-single aligned array. The model is built without memory (`keras_mha.models.deferred`)
-and each variable is created from its array, which on the CPU becomes the variable's
-buffer: peak memory is the model plus one transposing copy of one tensor.
+single aligned array, largest first. The model is built without memory
+(`keras_mha.models.deferred`) and each variable is created from its array, which on
+the CPU becomes the variable's buffer (no copy where the layouts agree, one
+transposing copy where they differ): peak memory stays close to the model's own size.
 
 Example:
     >>> from keras_mha.models import from_pretrained
@@ -342,6 +343,11 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     checkpoint = SafetensorsCheckpoint(checkpoint_dir)
     names = FAMILY_WEIGHT_NAMES[model.weight_naming]
     bound = _check_and_bind(model, names, checkpoint, checkpoint.describe())
+    # Largest first: a tensor whose layout differs is copied once while being converted,
+    # and that transient copy of the embeddings or LM head then coincides with little of
+    # the model, while the last tensors' copies are small (peak: the model plus about
+    # one layer's tensor, instead of plus the LM head).
+    bound.sort(key=lambda rule: -checkpoint.nbytes_of(rule.hub_name))
     sources = {}
     for rule in bound:
         variables = [resolve(model, path) for path in rule.variables]
