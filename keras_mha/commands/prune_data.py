@@ -38,6 +38,10 @@ TOKENIZER_FILE_NAME = "tokenizer.json"
 # Reading stops once this many characters per wanted token were read (tokens are
 # rarely shorter than a character); bounds memory for a huge --data file.
 _CHARACTERS_PER_TOKEN_READ = 16
+# An encoder batch is cut to its longest sentence, rounded up to a multiple of this, so
+# that padding columns no sentence of the batch needs are not computed, while compiled
+# backends (JAX's jit, tf.function) still see only a few distinct batch shapes.
+ENCODER_LENGTH_MULTIPLE = 8
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
 
 
@@ -165,9 +169,26 @@ class EncoderData:
         return len(self.token_ids)
 
     def inputs(self, start=0, stop=None):
+        """Model inputs of sentences `start:stop`, without padding columns none of them uses.
+
+        The batch keeps the columns up to its longest sentence, rounded up to a
+        multiple of `ENCODER_LENGTH_MULTIPLE` (at most the data's padded length):
+        the columns cut are padding in every row, masked out, so the real tokens'
+        outputs do not change, and the model does less work (the model card's
+        sentences are 15 tokens on average, padded to 66).
+
+        Example:
+            >>> data = EncoderData(np.ones((2, 20), "int32"), np.arange(20) < [[3], [5]], 8)
+            >>> data.inputs(0, 2)["token_ids"].shape
+            (2, 8)
+        """
+        mask = self.padding_mask[start:stop]
+        longest = int(mask.sum(axis=1).max(initial=0))
+        multiple = ENCODER_LENGTH_MULTIPLE
+        length = min(max(-(-longest // multiple) * multiple, 1), self.padding_mask.shape[1])
         return {
-            "token_ids": self.token_ids[start:stop],
-            "padding_mask": self.padding_mask[start:stop],
+            "token_ids": self.token_ids[start:stop, :length],
+            "padding_mask": mask[:, :length],
         }
 
     def batch_tokens(self, batch_size):
