@@ -377,3 +377,20 @@ def test_paired_latency_takes_turns_and_pairs_the_ratio(monkeypatch):
     assert medians == pytest.approx([5000.0, 2500.0])  # Medians of 2 x load and 1 x load.
     with pytest.raises(ValueError, match="runs"):
         prune_report.paired_latency_ms(models, None, runs=0)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "sentences, batch_size, bounds",
+    [(5, 2, [(0, 2), (2, 5)]), (4, 2, [(0, 2), (2, 4)]), (3, 4, [(0, 3)]), (97, 16, None)],
+)
+def test_a_last_encoder_batch_of_one_sentence_joins_the_one_before(sentences, batch_size, bounds):
+    from keras_mha.commands.prune_data import EncoderData
+
+    data = EncoderData(
+        np.ones((sentences, 3), "int32"), np.ones((sentences, 3), bool), 3 * sentences
+    )
+    if bounds is None:  # The all-MiniLM-L6-v2 example: 6 batches, the last of 17.
+        bounds = [(start, start + 16) for start in range(0, 80, 16)] + [(80, 97)]
+    assert data.batch_bounds(batch_size) == bounds
+    assert data.batch_tokens(batch_size) == [3 * (stop - start) for start, stop in bounds]

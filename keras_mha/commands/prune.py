@@ -319,11 +319,10 @@ def _encoder_scoring(model, data, batch_size, reference):
 
     embedding_model = sentence_embedding_model(model)
     embedding_model(data.inputs(0, 1))
-    batches = []
-    for start in range(0, data.num_examples, batch_size):
-        batches.append(
-            (data.inputs(start, start + batch_size), reference[start : start + batch_size], None)
-        )
+    batches = [
+        (data.inputs(start, stop), reference[start:stop], None)
+        for start, stop in data.batch_bounds(batch_size)
+    ]
 
     def contrastive(y_true, y_pred):
         logits = CONTRASTIVE_SCALE * keras.ops.matmul(

@@ -191,10 +191,28 @@ class EncoderData:
             "padding_mask": mask[:, :length],
         }
 
+    def batch_bounds(self, batch_size):
+        """`[(start, stop)]` of the scoring batches: `batch_size` sentences each, except
+        that a last batch of one sentence joins the one before.
+
+        The encoder score is an in-batch contrastive loss, which is exactly 0 for a
+        batch of one sentence: such a sentence would be scored on for nothing.
+
+        Example:
+            >>> EncoderData(np.ones((5, 3), "int32"), np.ones((5, 3), bool), 15).batch_bounds(2)
+            [(0, 2), (2, 5)]
+        """
+        starts = list(range(0, self.num_examples, batch_size))
+        if len(starts) > 1 and self.num_examples - starts[-1] == 1:
+            starts.pop()
+        stops = [*starts[1:], self.num_examples]
+        return list(zip(starts, stops, strict=True))
+
     def batch_tokens(self, batch_size):
+        """Real tokens in each batch of `batch_bounds(batch_size)`."""
         return [
-            int(self.padding_mask[start : start + batch_size].sum())
-            for start in range(0, self.num_examples, batch_size)
+            int(self.padding_mask[start:stop].sum())
+            for start, stop in self.batch_bounds(batch_size)
         ]
 
 
