@@ -292,6 +292,17 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
 
 
+def test_encoder_batch_of_one_is_refused(sources, tmp_path, capsys):
+    # One sentence per batch has a contrastive loss of exactly 0: nothing to score with.
+    out = tmp_path / "out"
+    capsys.readouterr()
+    arguments = ["--target", "4", "--data", str(sources["text"]), "--batch-size", "1"]
+    assert main(["prune", str(sources["encoder"]), *arguments, "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].endswith("expected at least 2"), error
+    assert "--batch-size 1" in error[0] and not out.exists()
+
+
 def test_existing_output_folder_needs_overwrite(sources, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
