@@ -221,6 +221,20 @@ class SafetensorsCheckpoint:
                 path=str(path),
                 key=key,
             )
+        shape, offsets = entry.get("shape"), entry.get("data_offsets")
+        if not (
+            isinstance(shape, list)
+            and all(isinstance(n, int) and n >= 0 for n in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(n, int) for n in offsets)
+        ):
+            raise CheckpointError(
+                f"{path}: the header entry of tensor {key!r} is {entry!r}; expected a 'shape' "
+                f"list of non-negative integers and 'data_offsets' [start, end]",
+                path=str(path),
+                key=key,
+            )
         return path, entry, data_start
 
     def shape_of(self, key: str) -> tuple[int, ...]:
