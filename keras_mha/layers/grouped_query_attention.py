@@ -11,7 +11,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.layers import attention_kernels, eager_decode, kv_cache, masks, validation
+from keras_mha.layers import (
+    attention_kernels,
+    decode_attention,
+    eager_decode,
+    kv_cache,
+    masks,
+    validation,
+)
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int
@@ -660,6 +667,11 @@ class GroupedQueryAttention(keras.layers.Layer):
         if not use_fused:
             return self._generic_attention(q, keys, values, mask, scale, training, True)
         rows_may_be_empty = attention_mask is not None or query_mask is not None
+        if decode_attention.applies(q, keys):
+            heads = decode_attention.single_query_attention(
+                q, keys, values, mask, scale=scale, rows_may_be_empty=rows_may_be_empty
+            )
+            return heads, None
         heads = attention_kernels.fused_attention(
             q,
             keys,
