@@ -343,12 +343,18 @@ def test_torch_step_writes_the_cache_in_place():
     assert layer.key_kernel.value.grad is not None
 
 
-@pytest.mark.parametrize("window", [None, 3])
-def test_chunked_steps_equal_full_causal_pass(window):
+@pytest.mark.parametrize("window, rotary_factor", [(None, 0.5), (3, 1.0)])
+def test_chunked_steps_equal_full_causal_pass(window, rotary_factor):
     """Several tokens per step after the prefill (speculative / chunked decoding)."""
     x = random_inputs(2, 9, 16)
     layer = GroupedQueryAttention(
-        4, 2, head_dim=4, causal=True, use_rope=True, sliding_window=window
+        4,
+        2,
+        head_dim=4,
+        causal=True,
+        use_rope=True,
+        partial_rotary_factor=rotary_factor,
+        sliding_window=window,
     )
     full = ops.convert_to_numpy(layer(x))
     for grad_mode in grad_modes():

@@ -28,11 +28,14 @@ Example:
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 
 from keras_mha.layers import attention_kernels, masks
 
-_FREQUENCIES: dict = {}
+# RotaryEmbedding layer -> {(rotary_dim, device): inverse frequencies as a tensor}.
+_FREQUENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def applies(layer, query, cache, start, query_mask, causal, use_fused):
@@ -82,11 +85,13 @@ def _rope(layer, tensors, start):
     if rotary_dim == 0:
         return tensors
     device = tensors[0].device
-    key = (id(rope), rotary_dim, device)
-    inv_freq = _FREQUENCIES.get(key)
+    # Converting the frequencies is a dozen dispatches itself: once per layer and device.
+    cached = _FREQUENCIES.setdefault(rope, {})
+    inv_freq = cached.get((rotary_dim, device))
     if inv_freq is None:
         values = rope._inverse_frequencies(rotary_dim)
-        inv_freq = _FREQUENCIES[key] = torch.tensor(values, dtype=torch.float32, device=device)
+        inv_freq = torch.tensor(values, dtype=torch.float32, device=device)
+        cached[rotary_dim, device] = inv_freq
     length = tensors[0].shape[1]
     positions = torch.arange(start, start + length, dtype=torch.int32, device=device).float()
     angles = positions[None, :, None] * inv_freq
