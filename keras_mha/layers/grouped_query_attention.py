@@ -11,7 +11,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.layers import attention_kernels, kv_cache, masks, validation
+from keras_mha.layers import (
+    attention_kernels,
+    decode_attention,
+    eager_decode,
+    kv_cache,
+    masks,
+    validation,
+)
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int
@@ -450,6 +457,13 @@ class GroupedQueryAttention(keras.layers.Layer):
         self._check_features("query", query, self._query_features)
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         use_fused = self._can_use_fused(return_attention_scores, training)
+        if cache is not None and cache_index is not None and self_attention:
+            # Eager PyTorch decoding: the step in plain torch ops (eager_decode.py).
+            start = _static_int(cache_index)
+            if eager_decode.applies(self, query, cache, start, query_mask, causal, use_fused):
+                cache = self._checked_cache(cache, query)
+                kv_cache.check_static_write(start, query.shape[1], cache.max_length)
+                return eager_decode.step(self, query, cache, start, attention_mask, causal)
 
         q = self._project(query, self.query_kernel, getattr(self, "query_bias", None))
         if self.use_qk_norm:
@@ -653,6 +667,11 @@ class GroupedQueryAttention(keras.layers.Layer):
         if not use_fused:
             return self._generic_attention(q, keys, values, mask, scale, training, True)
         rows_may_be_empty = attention_mask is not None or query_mask is not None
+        if decode_attention.applies(q, keys):
+            heads = decode_attention.single_query_attention(
+                q, keys, values, mask, scale=scale, rows_may_be_empty=rows_may_be_empty
+            )
+            return heads, None
         heads = attention_kernels.fused_attention(
             q,
             keys,
