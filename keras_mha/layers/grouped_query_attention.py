@@ -584,9 +584,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         if not use_fused:
             return self._generic_attention(q, k, v, mask, scale, training)
         if plain_causal and attention_kernels.prefers_blockwise_causal(q, k):
-            heads = attention_kernels.blockwise_causal_attention(
-                q, k, v, scale=scale, block_size=attention_kernels.CAUSAL_BLOCK_SIZE
-            )
+            heads = attention_kernels.blockwise_causal_attention(q, k, v, scale=scale)
             return heads, None
         # Causal, window and cache masks always leave a query its own key in
         # self-attention; only these masks can empty a row.
