@@ -15,10 +15,14 @@ What `keras-mha prune` does, step by step, for the real sentence-transformers mo
    mean-pooled embeddings with the Keras pruned model's.
 
 Prints one row per method and target: mean / min cosine of the pruned embeddings to the
-original ones, parameters of the Keras model, forward latency, and the largest
-difference between transformers' and Keras's embeddings of the pruned model.
+original ones, parameters of the Keras model, forward latency of the original and the
+pruned Keras model (median of `--latency-runs` passes on the first `--batch-size`
+sentences, the two models called in turns so that other load on the machine hits both
+alike) and their ratio, the seconds scoring took, and the largest difference between
+transformers' and Keras's embeddings of the pruned model.
 
     KERAS_BACKEND=torch python examples/prune_export_minilm.py
+    KERAS_BACKEND=torch python examples/prune_export_minilm.py --torch-threads 1  # shared CPU
     python examples/prune_export_minilm.py --max-tokens 600 --methods magnitude  # quicker
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import tempfile
 import time
 import types
@@ -37,7 +42,7 @@ import numpy as np
 
 from keras_mha.commands import prune as prune_command
 from keras_mha.commands.prune_data import encoder_sentences, load_tokenizer, read_text
-from keras_mha.commands.prune_report import encoder_embeddings, mean_pooled_embeddings, measure
+from keras_mha.commands.prune_report import mean_pooled_embeddings, measure, paired_latency_ms
 from keras_mha.models import from_pretrained, save_pretrained
 from keras_mha.pruning import heads_to_prune, prune_heads
 
@@ -62,98 +67,119 @@ def transformers_embeddings(folder, data):
     return mean_pooled_embeddings(hidden.numpy(), data.padding_mask)
 
 
+def _torch_threads():
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _load_average():
+    return "/".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--methods", default="taylor,ablation,magnitude")
     parser.add_argument("--targets", default="0.25,0.5")
-    parser.add_argument("--latency-runs", type=int, default=10)
+    parser.add_argument("--latency-runs", type=int, default=20)
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="PyTorch intra-op threads (its default: one per core); 1 on a machine whose cores "
+        "other jobs share, where threads waiting for each other make every pass several times "
+        "slower",
+    )
     arguments = parser.parse_args(argv)
+    if arguments.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(arguments.torch_threads)
     directory = minilm_directory()
     text = read_text(directory / "README.md")
     data = encoder_sentences(load_tokenizer(directory), text, 128, arguments.max_tokens)
+    latency_inputs = data.inputs(0, arguments.batch_size)
     print(
         f"{keras.backend.backend()}: {data.num_examples} sentences, {data.num_tokens} tokens "
-        f"from the model card; padded length {data.token_ids.shape[1]}"
+        f"from the model card (padded length {data.token_ids.shape[1]}); latency batch: "
+        f"{latency_inputs['token_ids'].shape} token ids; torch threads {_torch_threads()}; "
+        f"load average {_load_average()}",
+        flush=True,
     )
-    latency_inputs = data.inputs(0, arguments.batch_size)
     original = from_pretrained(directory)
-    figures, reference = measure(
-        original,
-        "encoder",
-        data,
+    measured = dict(
         batch_size=arguments.batch_size,
         sequence_length=data.token_ids.shape[1],
         latency_inputs=latency_inputs,
-        latency_runs=arguments.latency_runs,
+        latency_runs=1,  # Timed below, in turns with the original (`paired_latency_ms`).
     )
-    print(
-        f"original: {figures['parameters']:,} parameters, latency "
-        f"{figures['latency_ms']:.1f} ms for {arguments.batch_size} sentences"
-    )
+    figures, reference = measure(original, "encoder", data, **measured)
     rows = []
     for method in arguments.methods.split(","):
         options = types.SimpleNamespace(method=method, batch_size=arguments.batch_size)
         started = time.perf_counter()
         scores = prune_command.score_heads(original, "encoder", data, options, reference, False)
         scoring = time.perf_counter() - started
+        print(f"{method}: scored in {scoring:.0f} s", flush=True)
         for target in map(float, arguments.targets.split(",")):
             model = from_pretrained(directory)
             prune_heads(model, heads=heads_to_prune(model, scores, target, scope="per_layer"))
-            after, embeddings = measure(
-                model,
-                "encoder",
-                data,
-                batch_size=arguments.batch_size,
-                sequence_length=data.token_ids.shape[1],
-                latency_inputs=latency_inputs,
-                reference=reference,
-                latency_runs=arguments.latency_runs,
+            after, keras_embeddings = measure(
+                model, "encoder", data, reference=reference, **measured
+            )
+            (before_ms, after_ms), (_, ratio) = paired_latency_ms(
+                [original, model], latency_inputs, arguments.latency_runs
             )
             with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # zeroed heads: said below
-                summary = save_pretrained(model, Path(folder) / "pruned")
+                save_pretrained(model, Path(folder) / "pruned")
                 exported = transformers_embeddings(Path(folder) / "pruned", data)
-            keras_embeddings = encoder_embeddings(model, data, arguments.batch_size)
-            rows.append(
-                (
-                    method,
-                    target,
-                    after["attention_heads"],
-                    after["embedding_cosine"],
-                    after["embedding_cosine_min"],
-                    after["parameters"],
-                    after["latency_ms"],
-                    float(np.abs(exported - keras_embeddings).max()),
-                    summary.heads_zeroed,
-                    scoring,
-                )
+            row = dict(
+                method=method,
+                target=target,
+                heads=after["attention_heads"],
+                cosine=after["embedding_cosine"],
+                cosine_min=after["embedding_cosine_min"],
+                parameters=after["parameters"],
+                flops=after["attention_flops_per_token"],
+                before_ms=before_ms,
+                after_ms=after_ms,
+                ratio=ratio,
+                gap=float(np.abs(exported - keras_embeddings).max()),
+                scoring=scoring,
+                load=_load_average(),
             )
+            rows.append(row)
             print(
-                f"{method:9s} {target:.0%}: cosine {rows[-1][3]:.4f} (min {rows[-1][4]:.4f}), "
-                f"{rows[-1][5]:,} parameters, {rows[-1][6]:.1f} ms, transformers vs Keras "
-                f"{rows[-1][7]:.1e}",
+                f"{method:9s} {target:.0%}: cosine {row['cosine']:.4f} (min "
+                f"{row['cosine_min']:.4f}), {row['parameters']:,} parameters, latency "
+                f"{before_ms:.1f} -> {after_ms:.1f} ms (x{ratio:.2f}), transformers vs Keras "
+                f"{row['gap']:.1e}, load average {row['load']}",
                 flush=True,
             )
-    print()
+    print(f"\nload average at the end: {_load_average()}\n")
     print(
-        "| method | heads removed | heads left | mean cosine to original | min cosine | "
-        "parameters (Keras) | latency (ms) | transformers vs Keras, max abs |"
+        "| heads chosen by | removed | heads left | mean cosine to original | min cosine | "
+        "parameters (Keras) | attention FLOPs / token | latency original → pruned (ms) | "
+        "pruned / original latency | scoring (s) | transformers vs Keras embeddings, max abs |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(
-        f"| original | 0% | 72 | 1.0000 | 1.0000 | {figures['parameters']:,} | "
-        f"{figures['latency_ms']:.1f} | — |"
+        f"| (original) | 0 | {figures['attention_heads']} | 1.0000 | 1.0000 | "
+        f"{figures['parameters']:,} | {figures['attention_flops_per_token']:,} | — | 1 | — | — |"
     )
-    for method, target, heads, cosine, low, parameters, latency, gap, _, _ in rows:
+    for row in rows:
         print(
-            f"| `{method}` | {target:.0%} | {heads} | {cosine:.4f} | {low:.4f} | "
-            f"{parameters:,} | {latency:.1f} | {gap:.1e} |"
+            f"| `{row['method']}` | {row['target']:.0%} | {row['heads']} | {row['cosine']:.4f} | "
+            f"{row['cosine_min']:.4f} | {row['parameters']:,} | {row['flops']:,} | "
+            f"{row['before_ms']:.0f} → {row['after_ms']:.0f} | {row['ratio']:.2f} | "
+            f"{row['scoring']:.0f} | {row['gap']:.1e} |"
         )
     print(
         "\nThe exported folders keep 12 heads per layer with the removed ones zeroed "
-        "(BERT's config derives the head size from hidden_size / num_attention_heads)."
+        "(BERT's config derives the head size from hidden_size / num_attention_heads); "
+        "latency is the Keras pruned model's, which is physically smaller."
     )
 
 

@@ -292,6 +292,17 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
 
 
+def test_encoder_batch_of_one_is_refused(sources, tmp_path, capsys):
+    # One sentence per batch has a contrastive loss of exactly 0: nothing to score with.
+    out = tmp_path / "out"
+    capsys.readouterr()
+    arguments = ["--target", "4", "--data", str(sources["text"]), "--batch-size", "1"]
+    assert main(["prune", str(sources["encoder"]), *arguments, "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].endswith("expected at least 2"), error
+    assert "--batch-size 1" in error[0] and not out.exists()
+
+
 def test_existing_output_folder_needs_overwrite(sources, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -331,3 +342,66 @@ def test_existing_output_folder_needs_overwrite(sources, tmp_path, capsys):
     )
     assert "holds no config.json" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.backend_independent
+def test_encoder_batches_drop_only_padding_columns():
+    from keras_mha.commands.prune_data import ENCODER_LENGTH_MULTIPLE, EncoderData
+
+    lengths = np.array([3, 9, 2, 20, 4])
+    mask = np.arange(24) < lengths[:, None]
+    ids = np.where(mask, np.arange(1, 25), 0).astype("int32")
+    data = EncoderData(ids, mask, num_tokens=int(lengths.sum()))
+    assert ENCODER_LENGTH_MULTIPLE == 8
+    for (start, stop), width in {(0, 3): 16, (2, 3): 8, (3, 5): 24, (0, None): 24}.items():
+        x = data.inputs(start, stop)
+        assert x["token_ids"].shape == (len(lengths[start:stop]), width)
+        # Every real token is kept, and what is cut is padding in every row.
+        np.testing.assert_array_equal(x["padding_mask"].sum(axis=1), lengths[start:stop])
+        assert not mask[start:stop, width:].any()
+
+
+@pytest.mark.backend_independent
+def test_paired_latency_takes_turns_and_pairs_the_ratio(monkeypatch):
+    """Fake models advance a fake clock by their cost times the round's load: load that
+    changes from round to round hits both models of a round, so the paired ratio is exact."""
+    from keras_mha.commands import prune_report
+
+    clock, calls, loads = [0.0], [], [1, 5, 2, 9, 3, 1]
+
+    class Model:
+        def __init__(self, name, cost):
+            self.name, self.cost = name, cost
+
+        def predict_on_batch(self, inputs):
+            timed = len(calls) - 2  # After one warm-up call per model.
+            clock[0] += self.cost * (loads[timed // 2] if timed >= 0 else 1)
+            calls.append(self.name)
+            return np.zeros(1)
+
+    monkeypatch.setattr(prune_report.time, "perf_counter", lambda: clock[0])
+    models = [Model("original", 2.0), Model("pruned", 1.0)]
+    medians, ratios = prune_report.paired_latency_ms(models, None, runs=len(loads))
+    # One warm-up each, then the rounds alternate the order: o p, p o, o p, ...
+    assert calls == ["original", "pruned"] + ["original", "pruned", "pruned", "original"] * 3
+    assert ratios == [1.0, 0.5]
+    assert medians == pytest.approx([5000.0, 2500.0])  # Medians of 2 x load and 1 x load.
+    with pytest.raises(ValueError, match="runs"):
+        prune_report.paired_latency_ms(models, None, runs=0)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "sentences, batch_size, bounds",
+    [(5, 2, [(0, 2), (2, 5)]), (4, 2, [(0, 2), (2, 4)]), (3, 4, [(0, 3)]), (97, 16, None)],
+)
+def test_a_last_encoder_batch_of_one_sentence_joins_the_one_before(sentences, batch_size, bounds):
+    from keras_mha.commands.prune_data import EncoderData
+
+    data = EncoderData(
+        np.ones((sentences, 3), "int32"), np.ones((sentences, 3), bool), 3 * sentences
+    )
+    if bounds is None:  # The all-MiniLM-L6-v2 example: 6 batches, the last of 17.
+        bounds = [(start, start + 16) for start in range(0, 80, 16)] + [(80, 97)]
+    assert data.batch_bounds(batch_size) == bounds
+    assert data.batch_tokens(batch_size) == [3 * (stop - start) for start, stop in bounds]

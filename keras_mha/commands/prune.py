@@ -319,11 +319,10 @@ def _encoder_scoring(model, data, batch_size, reference):
 
     embedding_model = sentence_embedding_model(model)
     embedding_model(data.inputs(0, 1))
-    batches = []
-    for start in range(0, data.num_examples, batch_size):
-        batches.append(
-            (data.inputs(start, start + batch_size), reference[start : start + batch_size], None)
-        )
+    batches = [
+        (data.inputs(start, stop), reference[start:stop], None)
+        for start, stop in data.batch_bounds(batch_size)
+    ]
 
     def contrastive(y_true, y_pred):
         logits = CONTRASTIVE_SCALE * keras.ops.matmul(
@@ -426,6 +425,15 @@ def _load_data(arguments, directory, kind):
     )
     if kind == "decoder":
         return prune_data.decoder_windows(tokenizer, text, arguments.seq_len, arguments.max_tokens)
+    if arguments.method != "magnitude" and arguments.batch_size < 2:
+        # The encoder loss ranks each sentence against the others in its batch: alone
+        # in a batch, a sentence's loss is exactly 0 and would score nothing.
+        raise UsageError(
+            f"--batch-size {arguments.batch_size}: an encoder is scored by comparing the "
+            "sentences of a batch with each other; expected at least 2",
+            key="--batch-size",
+            value=arguments.batch_size,
+        )
     return prune_data.encoder_sentences(tokenizer, text, arguments.seq_len, arguments.max_tokens)
 
 

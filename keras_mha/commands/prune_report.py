@@ -117,6 +117,41 @@ def forward_latency_ms(model, inputs, runs=DEFAULT_LATENCY_RUNS):
     return 1000.0 * statistics.median(times)
 
 
+def paired_latency_ms(models, inputs, runs=DEFAULT_LATENCY_RUNS):
+    """Median ms of `predict_on_batch(inputs)` per model, timed in turns, and paired ratios.
+
+    On a machine shared with other work, timing one model and then the other lets a
+    change of load land on one of them only. Here every round calls each model once
+    (the order reversed every other round), so load hits all alike; the ratio of
+    model `i` to model 0 is the median over rounds of their times in that round.
+
+    Returns:
+        `(medians_ms, ratios)`: one median per model, and one ratio per model to the
+        first (1.0 for the first).
+
+    Example:
+        >>> (before, after), (_, ratio) = paired_latency_ms([original, pruned], x, runs=20)
+        ... # doctest: +SKIP
+    """
+    if runs < 1:
+        raise ValueError(f"`runs`={runs!r}: expected at least 1 timed round.")
+    for model in models:
+        for _ in range(LATENCY_WARMUP_CALLS):
+            _to_numpy(model.predict_on_batch(inputs))
+    rounds = []
+    for index in range(runs):
+        order = range(len(models)) if index % 2 == 0 else reversed(range(len(models)))
+        times = [0.0] * len(models)
+        for position in order:
+            begin = time.perf_counter()
+            _to_numpy(models[position].predict_on_batch(inputs))
+            times[position] = time.perf_counter() - begin
+        rounds.append(times)
+    medians = [1000.0 * statistics.median(r[i] for r in rounds) for i in range(len(models))]
+    ratios = [statistics.median(r[i] / r[0] for r in rounds) for i in range(len(models))]
+    return medians, ratios
+
+
 def measure(
     model,
     kind,
