@@ -5,9 +5,11 @@ the family's traits come from `families.FAMILY_TRAITS`, each attention layer fro
 `keras_mha.cards.build_attention`, and the tensors are placed by the family's table in
 `weight_names`. Loading is checked before anything is read: every expected tensor must
 be present, none unexplained, and every shape (read from the safetensors headers) must
-be the one the config implies; only then are tensors read, one at a time
-(`safetensors.safe_open`), converted, assigned and dropped, so memory holds the model
-and a single tensor besides.
+be the one the config implies; only then are tensors read, one at a time, each into a
+single aligned array, largest first. The model is built without memory
+(`keras_mha.models.deferred`) and each variable is created from its array, which on
+the CPU becomes the variable's buffer (no copy where the layouts agree, one
+transposing copy where they differ): peak memory stays close to the model's own size.
 
 Example:
     >>> from keras_mha.models import from_pretrained
@@ -321,29 +323,44 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
 def load_weights(model, checkpoint_dir) -> dict[str, str]:
     """Fill `model` from a safetensors checkpoint; checked first, then one tensor at a time.
 
+    Each tensor is read from the file into one aligned array, converted to the model's
+    layout (a transposing copy where the layouts differ) and handed to its variable. A
+    model built inside `keras_mha.models.deferred.deferred_variables()` (as
+    `from_pretrained` does) has no memory yet: each variable is then created from its
+    array, which on the CPU becomes the variable's buffer without a copy; variables the
+    checkpoint has no tensor for (head gates) get their own initializer's value. A model
+    built eagerly has its variables assigned.
+
     Returns:
-        `{variable path: hub tensor name}` for every variable assigned.
+        `{variable path: hub tensor name}` for every variable filled.
 
     Raises:
         CheckpointError: no safetensors, a missing or unexpected tensor, or a shape that
             disagrees with the config; the model is left untouched then.
     """
-    from keras import ops
+    from keras_mha.models.deferred import fill, initialize_rest
 
     checkpoint = SafetensorsCheckpoint(checkpoint_dir)
     names = FAMILY_WEIGHT_NAMES[model.weight_naming]
     bound = _check_and_bind(model, names, checkpoint, checkpoint.describe())
+    # Largest first: a tensor whose layout differs is copied once while being converted,
+    # and that transient copy of the embeddings or LM head then coincides with little of
+    # the model, while the last tensors' copies are small (peak: the model plus about
+    # one layer's tensor, instead of plus the LM head).
+    bound.sort(key=lambda rule: -checkpoint.nbytes_of(rule.hub_name))
     sources = {}
     for rule in bound:
         variables = [resolve(model, path) for path in rule.variables]
-        tensor = checkpoint.get(rule.hub_name)
+        tensor = checkpoint.read(rule.hub_name)
         values = rule.transform.to_keras(tensor, [tuple(v.shape) for v in variables])
         del tensor
-        for variable, value, path in zip(variables, values, rule.variables, strict=True):
-            variable.assign(ops.cast(value, variable.dtype))
+        # A fused tensor's parts are views of one buffer: each variable gets its own copy.
+        shared = len(values) > 1
+        for variable, path in zip(variables, rule.variables, strict=True):
+            fill(variable, values.pop(0), shared=shared)
             sources[path] = rule.hub_name
-        del values, value
         _return_freed_memory()
+    initialize_rest(model.variables)
     return sources
 
 
@@ -386,6 +403,7 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
     """
     from keras_mha.cards.hub import read_config_file
     from keras_mha.cards.spec import from_config
+    from keras_mha.models.deferred import deferred_variables
 
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise ValueError(f"source={source!r}; expected a local folder or a Hub model id")
@@ -402,8 +420,11 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
             spec = from_config(config, model_id=source)
         except ConfigError:
             raise
-    model = build_model(spec, dtype=choose_dtype(config, dtype), initializer="zeros")
+    # Built without memory: each variable is created from its checkpoint tensor.
+    with deferred_variables() as pending:
+        model = build_model(spec, dtype=choose_dtype(config, dtype), initializer="zeros")
     load_weights(model, directory)
+    pending.initialize_rest()  # anything the model's variable list does not reach
     # save_pretrained copies the tokenizer files from here.
     model.source_directory = str(directory)
     return model
