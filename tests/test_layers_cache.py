@@ -14,7 +14,22 @@ from tests.test_layers_reference import random_inputs, randomise
 BACKEND = keras.backend.backend()
 
 
-def decode_incrementally(layer, x, prefill, max_length):
+def grad_modes():
+    """Autograd on and, on PyTorch, off: off, eager steps run in plain torch ops
+    (layers/eager_decode.py); on, they take the general path."""
+    import contextlib
+
+    if BACKEND != "torch":
+        return [contextlib.nullcontext]
+    import torch
+
+    return [contextlib.nullcontext, torch.no_grad]
+
+
+def decode_incrementally(layer, x, prefill, max_length, grad_mode=None):
+    if grad_mode is not None:
+        with grad_mode():
+            return decode_incrementally(layer, x, prefill, max_length)
     cache = layer.init_cache(batch_size=x.shape[0], max_length=max_length)
     output, cache = layer(x[:, :prefill], cache=cache, cache_index=0)
     outputs = [ops.convert_to_numpy(output)]
@@ -48,11 +63,12 @@ def test_prefill_plus_steps_equal_full_causal_pass(layer_factory, options):
     layer(x)
     randomise(layer)
     full = ops.convert_to_numpy(layer(x))
-    incremental, cache = decode_incrementally(layer, x, prefill=5, max_length=16)
-    np.testing.assert_allclose(incremental, full, atol=1e-5)
-    # Only KV heads are stored.
-    for buffer in cache:
-        assert tuple(buffer.shape) == (2, layer.num_key_value_heads, 16, 8)
+    for grad_mode in grad_modes():
+        incremental, cache = decode_incrementally(layer, x, 5, 16, grad_mode)
+        np.testing.assert_allclose(incremental, full, atol=1e-5)
+        # Only KV heads are stored.
+        for buffer in cache:
+            assert tuple(buffer.shape) == (2, layer.num_key_value_heads, 16, 8)
 
 
 def test_cache_with_left_padding_mask():
@@ -179,8 +195,9 @@ def test_single_token_steps_match_generic_path_and_numpy(num_heads, num_kv_heads
     generic.set_weights(fused.get_weights())
     expected, _ = attention_numpy(fused, x, causal=True, sliding_window=window)
     for layer in (fused, generic):
-        got, _ = decode_incrementally(layer, x, prefill=3, max_length=8)
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+        for grad_mode in grad_modes():
+            got, _ = decode_incrementally(layer, x, 3, 8, grad_mode)
+            np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
 def test_left_padded_batch_decodes_like_the_full_pass():
@@ -198,20 +215,25 @@ def test_left_padded_batch_decodes_like_the_full_pass():
     max_length = 9
     key_valid = np.zeros((2, max_length), bool)
     key_valid[:, :7] = keep
-    cache = layer.init_cache(2, max_length)
-    out, cache = layer(
-        x[:, :5], cache=cache, cache_index=0, attention_mask=np.repeat(key_valid[:, None], 5, 1)
-    )
-    steps = [ops.convert_to_numpy(out)]
-    for t in (5, 6):
-        out, cache = layer(
-            x[:, t : t + 1], cache=cache, cache_index=t, attention_mask=key_valid[:, None]
-        )
-        steps.append(ops.convert_to_numpy(out))
-    got = np.concatenate(steps, axis=1)
-    # Padded query rows attend to nothing valid before them; compare real tokens.
-    np.testing.assert_allclose(got[0, 3:], expected[0, 3:], atol=1e-5)
-    np.testing.assert_allclose(got[1, 1:], expected[1, 1:], atol=1e-5)
+    for grad_mode in grad_modes():
+        with grad_mode():
+            cache = layer.init_cache(2, max_length)
+            out, cache = layer(
+                x[:, :5],
+                cache=cache,
+                cache_index=0,
+                attention_mask=np.repeat(key_valid[:, None], 5, 1),
+            )
+            steps = [ops.convert_to_numpy(out)]
+            for t in (5, 6):
+                out, cache = layer(
+                    x[:, t : t + 1], cache=cache, cache_index=t, attention_mask=key_valid[:, None]
+                )
+                steps.append(ops.convert_to_numpy(out))
+        got = np.concatenate(steps, axis=1)
+        # Padded query rows attend to nothing valid before them; compare real tokens.
+        np.testing.assert_allclose(got[0, 3:], expected[0, 3:], atol=1e-5)
+        np.testing.assert_allclose(got[1, 1:], expected[1, 1:], atol=1e-5)
 
 
 # --------------------------------------------------------------- cache checks
@@ -319,3 +341,29 @@ def test_torch_step_writes_the_cache_in_place():
     assert not np.any(ops.convert_to_numpy(cache.key))
     output.sum().backward()
     assert layer.key_kernel.value.grad is not None
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step's chunk masks (cheap here)")
+@pytest.mark.parametrize("window, rotary_factor", [(None, 0.5), (3, 1.0)])
+def test_chunked_steps_equal_full_causal_pass(window, rotary_factor):
+    """Several tokens per step after the prefill (speculative / chunked decoding), with
+    autograd on (the general path) and off (layers/eager_decode.py builds its own masks)."""
+    x = random_inputs(2, 9, 16)
+    layer = GroupedQueryAttention(
+        4,
+        2,
+        head_dim=4,
+        causal=True,
+        use_rope=True,
+        partial_rotary_factor=rotary_factor,
+        sliding_window=window,
+    )
+    full = ops.convert_to_numpy(layer(x))
+    for grad_mode in grad_modes():
+        with grad_mode():
+            cache = layer.init_cache(2, 12)
+            outputs = []
+            for start, stop in ((0, 4), (4, 7), (7, 8), (8, 9)):
+                out, cache = layer(x[:, start:stop], cache=cache, cache_index=start)
+                outputs.append(ops.convert_to_numpy(out))
+        np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)

@@ -29,6 +29,28 @@ def test_blockwise_causal_equals_generic_causal(num_heads, num_kv_heads, length)
     np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5)
 
 
+def test_blockwise_block_size_keeps_query_rows_per_matmul_near_256():
+    sizes = [attention_kernels.causal_block_size(groups) for groups in (1, 2, 4, 8, 16)]
+    assert sizes == [128, 128, 64, 32, 32]
+
+
+def test_blockwise_causal_in_bfloat16_matches_float32(dtype="bfloat16"):
+    """Default blocks (4 groups: 64, 64, 22); 16-bit results equal float32 to their precision."""
+    query, key, value = (
+        tensor(1, 150, 4, 8),
+        tensor(1, 150, 1, 8, seed=1),
+        tensor(1, 150, 1, 8, seed=2),
+    )
+    mask = attention_kernels.causal_mask_for(query, key)
+    expected = attention_kernels.grouped_attention(query, key, value, mask, scale=0.3)
+    half = [ops.cast(t, dtype) for t in (query, key, value)]
+    got = attention_kernels.blockwise_causal_attention(*half, scale=0.3)
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(ops.cast(got, "float32")), ops.convert_to_numpy(expected), atol=3e-2
+    )
+
+
 def test_layer_uses_blockwise_path_where_preferred_and_matches_numpy():
     length = 4 * attention_kernels.CAUSAL_BLOCK_SIZE + 40
     x = random_inputs(1, length, 16)

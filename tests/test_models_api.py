@@ -137,3 +137,15 @@ def test_encoder_model_builds_fits_and_saves(tmp_path):
 # The head-parallel sharding of a whole model needs several JAX devices, hence a fresh
 # process: it runs in tests/distribution_checks.py (check_whole_model), asserted by
 # tests/test_distribution.py, sharing that subprocess.
+
+
+def test_direct_calls_only_where_call_equals_dunder_call():
+    """Eager decoding skips Keras's __call__ only for built, non-mixed, unquantized models."""
+    from keras_mha.models.direct_calls import supports_direct_calls
+
+    layer = keras.layers.Dense(2)
+    model = keras.Sequential([keras.Input((3,)), layer])
+    assert supports_direct_calls(model)
+    mixed = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, dtype="mixed_float16")])
+    assert not supports_direct_calls(mixed)
+    assert not supports_direct_calls(keras.Sequential([keras.layers.Dense(2)]))  # unbuilt

@@ -77,4 +77,6 @@ def test_greedy_generation_equals_transformers(loaded, case):
         stats = generation_stats(model)
         if stats["compiled"]:
             assert (stats["step_traces"], stats["prefill_traces"]) == (1, 2), stats
+        else:  # Eager PyTorch: the blocks' sub-layers were called directly.
+            assert stats["direct_calls"] is True, stats
         assert stats["step_calls"] == 2 * (NEW_TOKENS - 1)

@@ -213,9 +213,26 @@ def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_ca
     return grouped_attention(query, key, value, mask, scale=scale)
 
 
-# Queries per block of `blockwise_causal_attention`; it is used from four blocks up.
+# The largest block; causal self-attention goes blockwise from _MIN_BLOCKS of
+# these up (512 tokens).
 CAUSAL_BLOCK_SIZE = 128
 _MIN_BLOCKS = 4
+# Query rows per block's matmul (query heads of a group x queries of the block):
+# measured best on a 2-core CPU under XLA (JAX), 128 for MHA (blocks of 128),
+# 256 for GQA with 4 query heads per KV head (blocks of 64, 2-2.7x faster than
+# the former tokens-first blocks of 128).
+_ROWS_PER_BLOCK = 256
+_MIN_BLOCK_SIZE = 32
+
+
+def causal_block_size(groups):
+    """Queries per block of `blockwise_causal_attention` for `groups` query heads per KV head.
+
+    Example:
+        >>> [causal_block_size(g) for g in (1, 2, 4, 8, 16)]
+        [128, 128, 64, 32, 32]
+    """
+    return max(_MIN_BLOCK_SIZE, min(CAUSAL_BLOCK_SIZE, _ROWS_PER_BLOCK // groups))
 
 
 def prefers_blockwise_causal(query, key):
@@ -241,37 +258,50 @@ def prefers_blockwise_causal(query, key):
     return False
 
 
-def blockwise_causal_attention(query, key, value, *, scale, block_size):
+def blockwise_causal_attention(query, key, value, *, scale, block_size=None):
     """Causal self-attention computed one block of queries at a time.
 
     Block `[start, stop)` of queries attends to keys `[0, stop)` with a causal
-    mask on the diagonal block; the logits above the diagonal blocks are never
-    formed. Same result as `fused_attention(..., is_causal=True)`.
+    mask; the logits above the diagonal blocks are never formed. Same result
+    as `fused_attention(..., is_causal=True)`.
+
+    Queries, keys and values are put heads first once, `(B, Hkv, G, T, D)`
+    and `(B, Hkv, S, D)`, so that every block is one batched matmul per KV
+    head over the `G x block` query rows of its group, with no transpose per
+    block (slicing tokens-first tensors per block and handing them to the
+    fused kernel transposed each block, and measured 1.4-2.7x slower on JAX).
+    Logits and softmax in float32, as in `grouped_attention`.
 
     Args:
         query, key, value: as in `fused_attention`, with a static query length
             equal to the key length (self-attention, no cache).
         scale: multiplier of the logits.
-        block_size: queries per block.
+        block_size: queries per block; default `causal_block_size(groups)`.
 
     Example:
         >>> x = keras.random.normal((1, 512, 4, 16))
         >>> blockwise_causal_attention(x, x, x, scale=0.25, block_size=128).shape
         (1, 512, 4, 16)
     """
-    length = query.shape[1]
+    length, num_heads = query.shape[1], query.shape[2]
+    num_key_value_heads = key.shape[2]
+    if block_size is None:
+        block_size = causal_block_size(num_heads // num_key_value_heads)
+    grouped = _split_query_groups(query * ops.cast(scale, query.dtype), num_key_value_heads)
+    grouped = ops.transpose(grouped, (0, 2, 3, 1, 4))  # (B, Hkv, G, T, D)
+    key, value = ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))
     blocks = []
     for start in range(0, length, block_size):
         stop = min(start + block_size, length)
+        logits = ops.einsum("bkgtd,bksd->bkgts", grouped[:, :, :, start:stop], key[:, :, :stop])
         query_positions = ops.arange(start, stop, dtype="int32")[:, None]
-        key_positions = ops.arange(stop, dtype="int32")[None, :]
-        mask = (key_positions <= query_positions)[None, None]
-        blocks.append(
-            _fused_attention_without_empty_rows(
-                query[:, start:stop], key[:, :stop], value[:, :stop], mask, scale=scale
-            )
-        )
-    return ops.concatenate(blocks, axis=1)
+        allowed = ops.arange(stop, dtype="int32")[None, :] <= query_positions
+        logits = ops.where(allowed, ops.cast(logits, "float32"), _MASKED_LOGIT)
+        weights = ops.cast(ops.softmax(logits, axis=-1), value.dtype)
+        blocks.append(ops.einsum("bkgts,bksd->bkgtd", weights, value[:, :, :stop]))
+    output = ops.transpose(ops.concatenate(blocks, axis=3), (0, 3, 1, 2, 4))  # (B, T, Hkv, G, Dv)
+    shape = ops.shape(output)
+    return ops.reshape(output, (shape[0], length, num_heads, value.shape[-1]))
 
 
 def causal_mask_for(query, key):

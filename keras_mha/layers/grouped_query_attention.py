@@ -11,7 +11,15 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.layers import attention_kernels, kv_cache, masks, validation
+from keras_mha.layers import (
+    attention_kernels,
+    decode_attention,
+    eager_decode,
+    kv_cache,
+    masks,
+    validation,
+)
+from keras_mha.layers.linear import linear
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int
@@ -309,9 +317,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         # One matmul against the kernel viewed as (features, heads * head_dim):
         # torch's einsum copies a permuted kernel on every call.
         features, heads, head_dim = kernel.shape
-        projected = ops.matmul(inputs, ops.reshape(kernel, (features, heads * head_dim)))
         if bias is not None:
-            projected = projected + ops.reshape(bias, (heads * head_dim,))
+            bias = ops.reshape(bias, (heads * head_dim,))
+        projected = linear(inputs, ops.reshape(kernel, (features, heads * head_dim)), bias)
         shape = ops.shape(inputs)
         return ops.reshape(projected, (shape[0], shape[1], heads, head_dim))
 
@@ -450,6 +458,13 @@ class GroupedQueryAttention(keras.layers.Layer):
         self._check_features("query", query, self._query_features)
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         use_fused = self._can_use_fused(return_attention_scores, training)
+        if cache is not None and cache_index is not None and self_attention:
+            # Eager PyTorch decoding: the step in plain torch ops (eager_decode.py).
+            start = _static_int(cache_index)
+            if eager_decode.applies(self, query, cache, start, query_mask, causal, use_fused):
+                cache = self._checked_cache(cache, query)
+                kv_cache.check_static_write(start, query.shape[1], cache.max_length)
+                return eager_decode.step(self, query, cache, start, attention_mask, causal)
 
         q = self._project(query, self.query_kernel, getattr(self, "query_bias", None))
         if self.use_qk_norm:
@@ -583,9 +598,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         if not use_fused:
             return self._generic_attention(q, k, v, mask, scale, training)
         if plain_causal and attention_kernels.prefers_blockwise_causal(q, k):
-            heads = attention_kernels.blockwise_causal_attention(
-                q, k, v, scale=scale, block_size=attention_kernels.CAUSAL_BLOCK_SIZE
-            )
+            heads = attention_kernels.blockwise_causal_attention(q, k, v, scale=scale)
             return heads, None
         # Causal, window and cache masks always leave a query its own key in
         # self-attention; only these masks can empty a row.
@@ -653,6 +666,11 @@ class GroupedQueryAttention(keras.layers.Layer):
         if not use_fused:
             return self._generic_attention(q, keys, values, mask, scale, training, True)
         rows_may_be_empty = attention_mask is not None or query_mask is not None
+        if decode_attention.applies(q, keys):
+            heads = decode_attention.single_query_attention(
+                q, keys, values, mask, scale=scale, rows_may_be_empty=rows_may_be_empty
+            )
+            return heads, None
         heads = attention_kernels.fused_attention(
             q,
             keys,
@@ -684,15 +702,23 @@ class GroupedQueryAttention(keras.layers.Layer):
 
     def _finish(self, heads, scores, valid, return_attention_scores, cache):
         """Gate the heads, project the output, and assemble the call's results."""
-        heads = heads * ops.cast(self.head_gates, heads.dtype)[:, None]
         num_heads, head_dim, output_dim = self.output_kernel.shape
+        gates = ops.cast(self.head_gates, heads.dtype)
+        kernel = self.output_kernel
+        batch, length = heads.shape[0], heads.shape[1]
+        if isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:
+            # Gating the kernel (heads x head_dim x output_dim values) costs less
+            # than gating the heads (batch x length x heads x head_dim values);
+            # with the gates at 1 the products are exact, so the output is too.
+            kernel = kernel * gates[:, None, None]
+        else:
+            heads = heads * gates[:, None]
         shape = ops.shape(heads)
-        output = ops.matmul(
+        output = linear(
             ops.reshape(heads, (shape[0], shape[1], num_heads * head_dim)),
-            ops.reshape(self.output_kernel, (num_heads * head_dim, output_dim)),
+            ops.reshape(kernel, (num_heads * head_dim, output_dim)),
+            self.output_bias if self.use_output_bias else None,
         )
-        if self.use_output_bias:
-            output = output + self.output_bias
         if valid is not None:
             # A traced cache_index overran the cache: the write was skipped, and
             # NaN outputs make sure the step cannot pass for a good one.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_mha.models.direct_calls import run
 from keras_mha.models.families import ACTIVATIONS
 
 
@@ -166,20 +167,26 @@ class DecoderBlock(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, attention_mask=None, cache=None, cache_index=None):
-        hidden = self.attention_norm(inputs)
+        # `run`: sub-layers skip Keras's __call__ inside `direct_calls` (eager decoding).
+        hidden = run(self.attention_norm, inputs)
         if cache is None:
-            attended = self.attention(hidden, attention_mask=attention_mask)
+            attended = run(self.attention, hidden, attention_mask=attention_mask)
         else:
-            attended, cache = self.attention(
-                hidden, attention_mask=attention_mask, cache=cache, cache_index=cache_index
+            attended, cache = run(
+                self.attention,
+                hidden,
+                attention_mask=attention_mask,
+                cache=cache,
+                cache_index=cache_index,
             )
         if self.post_attention_norm is not None:
-            attended = self.post_attention_norm(attended)
+            attended = run(self.post_attention_norm, attended)
         hidden = inputs + attended
-        normed = self.mlp_norm(hidden)
-        mlp = self.down_proj(self._activation_fn(self.gate_proj(normed)) * self.up_proj(normed))
+        normed = run(self.mlp_norm, hidden)
+        gate = self._activation_fn(run(self.gate_proj, normed))
+        mlp = run(self.down_proj, gate * run(self.up_proj, normed))
         if self.post_mlp_norm is not None:
-            mlp = self.post_mlp_norm(mlp)
+            mlp = run(self.post_mlp_norm, mlp)
         outputs = hidden + mlp
         return outputs if cache is None else (outputs, cache)
 

@@ -20,6 +20,7 @@ import keras
 from keras import ops
 
 from keras_mha.models.blocks import DecoderBlock, RMSNorm
+from keras_mha.models.direct_calls import run
 from keras_mha.models.inputs import check_token_ids, unpack_inputs
 
 
@@ -118,7 +119,7 @@ class DecoderModel(keras.Model):
 
     # -------------------------------------------------------------------- pieces
     def embed(self, token_ids):
-        hidden = self.token_embedding(token_ids)
+        hidden = run(self.token_embedding, token_ids)
         if self.embedding_scale:
             # Gemma rounds sqrt(hidden) to the activations' dtype first.
             hidden = hidden * ops.cast(math.sqrt(self.hidden_size), hidden.dtype)
@@ -130,7 +131,7 @@ class DecoderModel(keras.Model):
             embeddings = ops.cast(self.token_embedding.embeddings, hidden.dtype)
             logits = ops.matmul(hidden, ops.transpose(embeddings))
         else:
-            logits = self.lm_head(hidden)
+            logits = run(self.lm_head, hidden)
         if self.final_logit_soft_cap is not None:
             cap = self.final_logit_soft_cap
             logits = ops.tanh(logits / cap) * cap
@@ -179,11 +180,11 @@ class DecoderModel(keras.Model):
         attention_mask = ops.cast(key_mask, "bool")[:, None, :]
         new_caches = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            hidden, cache = block(
-                hidden, attention_mask=attention_mask, cache=cache, cache_index=cache_index
+            hidden, cache = run(
+                block, hidden, attention_mask=attention_mask, cache=cache, cache_index=cache_index
             )
             new_caches.append(cache)
-        return self.logits(self.final_norm(hidden)), new_caches
+        return self.logits(run(self.final_norm, hidden)), new_caches
 
     def compute_output_shape(self, input_shape):
         shape = input_shape["token_ids"] if isinstance(input_shape, dict) else input_shape

@@ -35,6 +35,8 @@ import weakref
 import keras
 import numpy as np
 
+from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
+
 CACHE_BUCKET = 64
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -119,9 +121,14 @@ class _CompiledDecoder:
     def _make_torch(self):
         import torch
 
+        # Eager steps skip Keras's per-layer __call__ bookkeeping where that changes
+        # nothing (see direct_calls.py): most of a small model's eager step.
+        direct = not self.compile_torch and supports_direct_calls(self.model)
+        self.stats["direct_calls"] = direct
+
         def eager(kind):
             def function(token_ids, key_mask, caches, index):
-                with torch.no_grad():
+                with torch.no_grad(), direct_calls(direct):
                     return self._forward(token_ids, key_mask, caches, index)
 
             if not self.compile_torch:
