@@ -36,6 +36,22 @@ def test_mixed_precision_dtypes_and_accuracy(policy, policy_name, flash_attentio
     np.testing.assert_allclose(fast, expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("length", [16, 512], ids=["fused", "blockwise"])
+def test_mixed_float16_model_compiles_fits_and_predicts(policy, length):
+    """The default path under `fit`/`predict` (compiled: jax.jit, tf.function): XLA on a
+    CPU refused float16 attention with float32 accumulation inside jax.jit."""
+    policy("mixed_float16")
+    x = random_inputs(2, length, 16)
+    inputs = keras.Input((length, 16))
+    model = keras.Model(inputs, GroupedQueryAttention(4, 2, causal=True)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, ops.zeros_like(x), epochs=1, batch_size=2, verbose=0)
+    predicted = model.predict(x, verbose=0)
+    assert predicted.dtype == np.float16 and np.isfinite(predicted).all()
+    eager = ops.convert_to_numpy(model(x))
+    np.testing.assert_allclose(predicted, eager, atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flash_attention", [None, False], ids=["fused", "generic"])
 def test_float16_long_sequence_does_not_overflow(policy, flash_attention):

@@ -36,6 +36,8 @@ to attend yields zeros (never NaN, never a uniform average).
 
 from __future__ import annotations
 
+import functools
+
 import keras
 from keras import ops
 
@@ -204,6 +206,17 @@ def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_ca
     num_heads, num_key_value_heads = query.shape[2], key.shape[2]
     if backend == "torch":
         return _torch_sdpa(query, key, value, mask, scale=scale, is_causal=is_causal)
+    if backend == "jax" and _jax_cpu_cannot_compile_float16(query):
+        # XLA's CPU dot_general rejects float16 operands with float32 accumulation
+        # ('F16_F16_F32') inside jax.jit, i.e. in every `fit`/`predict` under
+        # mixed_float16; eager calls happen to work. Attend in float32 there.
+        output = ops.dot_product_attention(
+            *(ops.cast(x, "float32") for x in (query, key, value)),
+            mask=mask,
+            scale=scale,
+            is_causal=is_causal and mask is None,
+        )
+        return ops.cast(output, value.dtype)
     if backend == "jax" or num_key_value_heads == num_heads:
         return ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale, is_causal=is_causal and mask is None
@@ -211,6 +224,12 @@ def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_ca
     if is_causal and mask is None:
         mask = causal_mask_for(query, key)
     return grouped_attention(query, key, value, mask, scale=scale)
+
+
+def _jax_cpu_cannot_compile_float16(query):
+    import jax
+
+    return query.dtype == "float16" and jax.default_backend() == "cpu"
 
 
 # The largest block; causal self-attention goes blockwise from _MIN_BLOCKS of
@@ -283,10 +302,26 @@ def blockwise_causal_attention(query, key, value, *, scale, block_size=None):
         >>> blockwise_causal_attention(x, x, x, scale=0.25, block_size=128).shape
         (1, 512, 4, 16)
     """
+    if block_size is None:
+        block_size = causal_block_size(query.shape[2] // key.shape[2])
+    if keras.backend.backend() == "jax":
+        # One XLA program for all the blocks: called eagerly, every block's ops
+        # (each with its own key length) would compile separately, ~28 programs a
+        # block (940 at 4096 tokens, minutes on a CPU). Inside a jit it is inlined.
+        return _jitted_blockwise()(query, key, value, scale, block_size=block_size)
+    return _blockwise_causal_attention(query, key, value, scale, block_size=block_size)
+
+
+@functools.cache
+def _jitted_blockwise():
+    import jax
+
+    return jax.jit(_blockwise_causal_attention, static_argnames=("block_size",))
+
+
+def _blockwise_causal_attention(query, key, value, scale, *, block_size):
     length, num_heads = query.shape[1], query.shape[2]
     num_key_value_heads = key.shape[2]
-    if block_size is None:
-        block_size = causal_block_size(num_heads // num_key_value_heads)
     grouped = _split_query_groups(query * ops.cast(scale, query.dtype), num_key_value_heads)
     grouped = ops.transpose(grouped, (0, 2, 3, 1, 4))  # (B, Hkv, G, T, D)
     key, value = ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))
