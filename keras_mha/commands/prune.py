@@ -35,6 +35,7 @@ import time
 import warnings
 from pathlib import Path
 
+from keras_mha.commands.options import positive_int_type
 from keras_mha.errors import ExportError, PruningError, UsageError
 
 METHODS = ("taylor", "ablation", "magnitude")
@@ -79,16 +80,6 @@ def parse_target(text: str):
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `prune` on the CLI's subparsers.
 
@@ -122,19 +113,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-tokens",
-        type=_positive_int,
+        type=positive_int_type("--max-tokens"),
         default=DEFAULT_MAX_TOKENS,
         help=f"use at most this many tokens of --data (default {DEFAULT_MAX_TOKENS})",
     )
     parser.add_argument(
         "--seq-len",
-        type=_positive_int,
+        type=positive_int_type("--seq-len"),
         default=DEFAULT_SEQ_LEN,
         help=f"tokens per example (default {DEFAULT_SEQ_LEN})",
     )
     parser.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int_type("--batch-size"),
         default=DEFAULT_BATCH_SIZE,
         help=f"examples per batch (default {DEFAULT_BATCH_SIZE})",
     )
@@ -161,7 +152,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--latency-runs",
-        type=_positive_int,
+        type=positive_int_type("--latency-runs"),
         default=10,
         help="timed forward passes for the latency figure, median kept (default 10)",
     )
