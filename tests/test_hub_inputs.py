@@ -165,3 +165,34 @@ def test_the_cache_writer_rechecks_every_name(tmp_path):
         with pytest.raises(errors.HubResponseError):
             checked_etag(hostile, described_as="org/name")
     assert checked_etag('W/"' + "AB" * 32 + '"', described_as="x") == "ab" * 32
+
+
+def test_snapshots_are_copies_where_symlinks_fail(tmp_path, monkeypatch):
+    """Config and streamed files alike: a regular file with the blob's bytes, nothing left
+    behind (huggingface_hub copies too on file systems without symlinks)."""
+    from keras_mha.cards.hub_cache import blob_temporary, store_file
+
+    def no_symlinks(*_):
+        raise OSError("symlinks not supported here")
+
+    monkeypatch.setattr("os.symlink", no_symlinks)
+    commit = "c" * 40
+    config = store_config(
+        tmp_path, "org/name", revision="main", commit=commit, etag="e" * 40, data=b'{"a": 1}'
+    )
+    handle, temporary = blob_temporary(tmp_path, "org/name")
+    with handle:
+        handle.write(b"weights")
+    weights = store_file(
+        tmp_path,
+        "org/name",
+        revision="main",
+        commit=commit,
+        etag="f" * 64,
+        filename="model.safetensors",
+        temporary=temporary,
+    )
+    for path, data in ((config, b'{"a": 1}'), (weights, b"weights")):
+        assert not path.is_symlink() and path.read_bytes() == data
+    snapshot = repo_folder(tmp_path, "org/name") / "snapshots" / commit
+    assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "model.safetensors"]

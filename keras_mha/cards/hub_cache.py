@@ -115,7 +115,7 @@ def store_config(
     try:
         if not _holds(pointer, data):
             _atomic_write(blob, data)
-            _atomic_link_or_copy(blob, pointer, data)
+            _atomic_link_or_copy(blob, pointer)
         if revision != commit and not _holds(reference, commit.encode()):
             _atomic_write(reference, commit.encode())
     except OSError as error:
@@ -187,30 +187,12 @@ def store_file(
     try:
         os.chmod(temporary, 0o644)
         os.replace(temporary, blob)
-        _atomic_link_or_copy_file(blob, pointer)
+        _atomic_link_or_copy(blob, pointer)
         if revision != commit and not _holds(reference, commit.encode()):
             _atomic_write(reference, commit.encode())
     except OSError as error:
         raise _cache_write_error(error, filename, repo_id, folder) from None
     return pointer
-
-
-def _atomic_link_or_copy_file(blob: Path, pointer: Path) -> None:
-    """As `_atomic_link_or_copy`, copying the blob in chunks where symlinks fail."""
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    temporary = pointer.parent / f".{pointer.name}.{os.getpid()}.link"
-    _remove_quietly(temporary)
-    try:
-        os.symlink(os.path.relpath(blob, pointer.parent), temporary)
-    except (OSError, NotImplementedError):
-        import shutil
-
-        shutil.copyfile(blob, temporary)
-    try:
-        os.replace(temporary, pointer)
-    except BaseException:
-        _remove_quietly(temporary)
-        raise
 
 
 def _require_inside(folder: Path, path: Path) -> None:
@@ -243,17 +225,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _atomic_link_or_copy(blob: Path, pointer: Path, data: bytes) -> None:
-    """A relative symlink snapshot -> blob (as huggingface_hub makes), or a copy where
-    symlinks are not supported."""
+def _atomic_link_or_copy(blob: Path, pointer: Path) -> None:
+    """A relative symlink snapshot -> blob (as huggingface_hub makes), or a copy of the
+    blob (in chunks) where symlinks are not supported; either appears atomically."""
     pointer.parent.mkdir(parents=True, exist_ok=True)
     temporary = pointer.parent / f".{pointer.name}.{os.getpid()}.link"
     _remove_quietly(temporary)
     try:
         os.symlink(os.path.relpath(blob, pointer.parent), temporary)
     except (OSError, NotImplementedError):
-        _atomic_write(pointer, data)
-        return
+        import shutil
+
+        shutil.copyfile(blob, temporary)
     try:
         os.replace(temporary, pointer)
     except BaseException:
