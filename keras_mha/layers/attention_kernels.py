@@ -206,21 +206,18 @@ def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_ca
     num_heads, num_key_value_heads = query.shape[2], key.shape[2]
     if backend == "torch":
         return _torch_sdpa(query, key, value, mask, scale=scale, is_causal=is_causal)
-    if backend == "jax" and _jax_cpu_cannot_compile_float16(query):
-        # XLA's CPU dot_general rejects float16 operands with float32 accumulation
-        # ('F16_F16_F32') inside jax.jit, i.e. in every `fit`/`predict` under
-        # mixed_float16; eager calls happen to work. Attend in float32 there.
-        output = ops.dot_product_attention(
-            *(ops.cast(x, "float32") for x in (query, key, value)),
-            mask=mask,
-            scale=scale,
-            is_causal=is_causal and mask is None,
-        )
-        return ops.cast(output, value.dtype)
     if backend == "jax" or num_key_value_heads == num_heads:
-        return ops.dot_product_attention(
+        dtype = value.dtype
+        upcast = backend == "jax" and _jax_cpu_cannot_compile_float16(query)
+        if upcast:
+            # XLA's CPU dot_general rejects float16 operands with float32 accumulation
+            # ('F16_F16_F32') inside jax.jit, i.e. in every `fit`/`predict` under
+            # mixed_float16; eager calls happen to work. Attend in float32 there.
+            query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
+        output = ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale, is_causal=is_causal and mask is None
         )
+        return ops.cast(output, dtype) if upcast else output
     if is_causal and mask is None:
         mask = causal_mask_for(query, key)
     return grouped_attention(query, key, value, mask, scale=scale)
