@@ -8,7 +8,8 @@ projection). This module runs the same computation as torch calls on the layer's
 variables, with the same formulas and dtypes as the general path, so the outputs
 agree to float round-off (tested against it and against the full causal pass):
 
-- projections as one matmul per kernel viewed `(features, heads * head_dim)`;
+- projections as one matmul (an `addmm` with a bias) per kernel viewed
+  `(features, heads * head_dim)`;
 - q/k RMS norms in float32, RoPE with the layer's frequencies, angles computed once
   for queries and keys;
 - the new keys/values written into the cache in place;
@@ -33,6 +34,7 @@ import weakref
 import keras
 
 from keras_mha.layers import attention_kernels, masks
+from keras_mha.layers.linear import torch_linear
 
 # RotaryEmbedding layer -> {(rotary_dim, device): inverse frequencies as a tensor}.
 _FREQUENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -61,9 +63,11 @@ def _matrix(variable, rows):
 
 def _project(inputs, kernel, bias, heads):
     batch, length, features = inputs.shape
-    out = inputs @ _matrix(kernel, features)
-    if bias is not None:
-        out = out + bias.value.reshape(-1)
+    matrix = _matrix(kernel, features)
+    if bias is None:
+        out = inputs @ matrix
+    else:  # One addmm, as the general path's `linear`.
+        out = torch_linear(inputs, matrix, bias.value.reshape(-1))
     return out.view(batch, length, heads, -1)
 
 

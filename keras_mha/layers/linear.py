@@ -25,11 +25,22 @@ def linear(inputs, kernel, bias=None):
     if bias is None or keras.backend.backend() != "torch":
         outputs = ops.matmul(inputs, kernel)
         return outputs if bias is None else outputs + bias
-    import torch
 
     inputs, kernel, bias = (ops.convert_to_tensor(t) for t in (inputs, kernel, bias))
     if not (inputs.dtype == kernel.dtype == bias.dtype) or inputs.ndim < 2:
         # Mixed dtypes follow Keras's type promotion in ops.matmul.
         return ops.matmul(inputs, kernel) + bias
+    return torch_linear(inputs, kernel, bias)
+
+
+def torch_linear(inputs, kernel, bias):
+    """`linear` on torch tensors of one dtype, as one `torch.addmm` (no Keras dispatch).
+
+    Example:
+        >>> torch_linear(torch.ones(2, 3, 4), torch.ones(4, 5), torch.zeros(5)).shape
+        torch.Size([2, 3, 5])
+    """
+    import torch
+
     flat = inputs.reshape(-1, inputs.shape[-1])
     return torch.addmm(bias, flat, kernel).view(*inputs.shape[:-1], kernel.shape[-1])
