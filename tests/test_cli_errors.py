@@ -390,3 +390,23 @@ def test_readme_error_table_matches_errors_py():
         cli.EXIT_BROKEN_PIPE,
     ):
         assert re.search(rf"^\| {code} \|", section, flags=re.MULTILINE), code
+
+
+@pytest.mark.parametrize(
+    "data, mention",
+    [
+        ("/dev/zero", "is a character device"),
+        ("TMP", "is a directory"),
+        ("TMP/no", "does not exist"),
+    ],
+)
+def test_prune_data_that_is_not_a_text_file_is_named_for_what_it_is(
+    capsys, tmp_path, data, mention
+):
+    data = data.replace("TMP", str(tmp_path))
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        capsys, "prune", str(tmp_path), "--target", "1", "--out", str(out), "--data", data
+    )
+    assert code == 14 and not out.exists()
+    assert_one_error_line(err, f"--data: {data!r} {mention}", "expected a plain text file")
