@@ -241,6 +241,24 @@ def test_subcommands_registered_by_modules_get_the_same_handling(capsys, monkeyp
     assert_one_error_line(err, "internal error: KeyError")
 
 
+def test_a_warning_during_a_command_is_one_line_without_source_lines(capsys, monkeypatch):
+    import warnings
+
+    def warn_then_fail(*args):
+        warnings.warn(
+            "heads_to_prune: only 2 of 3\nheads (\x1b[2J) hf_SecretToken0123456789", stacklevel=2
+        )
+        raise errors.PruningError("no head can go")
+
+    monkeypatch.setattr(cli, "_render", warn_then_fail)
+    code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
+    warning, error = err.splitlines()
+    assert code == 16 and error.startswith("keras-mha: error: ") and "no head can go" in error
+    assert warning.startswith("keras-mha: warning: heads_to_prune: only 2 of 3")
+    assert "\x1b[" not in warning and "hf_SecretToken0123456789" not in warning
+    assert warnings.showwarning.__module__ == "warnings"  # Python's own display is back
+
+
 def test_a_missing_optional_package_is_one_line(capsys, monkeypatch):
     def need_matplotlib(*args):
         import matplotlib_that_is_not_installed  # noqa: F401
