@@ -243,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("cannot write the output: stdout is closed", PathError.exit_code)
     try:
         try:
-            exit_code = _dispatch(argv)
+            with warnings.catch_warnings():  # restores Python's display when main returns
+                warnings.showwarning = _one_line_warning(secrets)
+                exit_code = _dispatch(argv)
         except SystemExit as exit_request:  # --help, --version, or a command's sys.exit
             exit_code = _exit_status(exit_request.code)
         _flush_stdout()
@@ -540,6 +542,21 @@ def _fail(message: str, exit_code: int, secrets=()) -> int:
     except (OSError, ValueError, AttributeError):
         pass  # stderr itself is gone: the exit code still tells
     return exit_code
+
+
+def _one_line_warning(secrets):
+    """A `warnings.showwarning` that prints `keras-mha: warning: <message>` as one line:
+    no source file and code line from inside keras-mha, secrets redacted, control
+    characters escaped (a warning may quote a config value)."""
+    from keras_mha.safe_text import one_line
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        try:
+            sys.stderr.write(f"{PROGRAM}: warning: {one_line(str(message), secrets)}\n")
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    return show
 
 
 def _silence_stdout() -> None:
