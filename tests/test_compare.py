@@ -74,6 +74,12 @@ def test_table_and_markdown_side_by_side(capsys):
     assert exit_code == 0
     assert "| | meta-llama/Llama-2-7b-hf | meta-llama/Meta-Llama-3-8B |" in out
     assert "| attention | MHA | GQA |" in out and "max context" not in out
+    # Markdown keeps what the table says below it: the (!) note and the warnings.
+    exit_code, out, _ = run_cli(
+        capsys, "compare", LLAMA_2, LLAMA_3, "--gpu", "h100", "--format", "markdown"
+    )
+    assert exit_code == 0 and "| 137,812 (!) |" not in out and "\n(!) beyond the model's" in out
+    assert "- meta-llama/Llama-2-7b-hf: --seq-len 8,192 is beyond" in out
 
 
 def test_plot_series_are_the_cost_models_numbers():
@@ -103,6 +109,7 @@ def test_plot_series_are_the_cost_models_numbers():
         ([LLAMA_3, MISTRAL, "--plot-total"], 2, "--plot-total needs --plot"),
         ([LLAMA_3, MISTRAL, "--gpu", "tpu"], 2, "H100 80GB SXM"),
         ([LLAMA_3, "bundled:org/missing"], 3, "org/missing"),
+        ([LLAMA_3, MISTRAL, "--timeout", "inf"], 2, "--timeout: 'inf' is out of range"),
     ],
 )
 def test_errors_are_one_line(capsys, argv, code, expected):
