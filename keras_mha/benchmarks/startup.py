@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_MODEL = "meta-llama/Meta-Llama-3-8B"
@@ -67,11 +67,18 @@ print(json.dumps({"import_s": imported - start, "instantiate_s": built - importe
 
 @dataclass
 class Timing:
-    """Wall-clock seconds of repeated runs of one command."""
+    """Wall-clock seconds of repeated runs of one command, and the CPU seconds (user +
+    system) each run used: on a loaded machine the wall time includes waiting for a core,
+    the CPU time does not."""
 
     name: str
     command: str
     seconds: list[float]
+    cpu_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def median_cpu(self) -> float | None:
+        return statistics.median(self.cpu_seconds) if self.cpu_seconds else None
 
     @property
     def median(self) -> float:
@@ -88,6 +95,7 @@ class Timing:
             "runs": len(self.seconds),
             "median_s": round(self.median, 4),
             "min_s": round(self.minimum, 4),
+            "median_cpu_s": None if self.median_cpu is None else round(self.median_cpu, 4),
         }
 
 
@@ -149,19 +157,32 @@ def time_command(name: str, command: list[str], repeat: int, *, environment=None
         >>> time_command("python", [sys.executable, "-c", "pass"], 2).name
         'python'
     """
-    seconds = []
+    from keras_mha.errors import KerasMHAError
+
+    seconds, cpu_seconds = [], []
     for run in range(repeat + 1):
+        cpu_before = _children_cpu_seconds()
         start = time.perf_counter()
         completed = subprocess.run(command, capture_output=True, text=True, env=environment)
         elapsed = time.perf_counter() - start
+        cpu = _children_cpu_seconds() - cpu_before
         if completed.returncode != 0:
-            raise RuntimeError(
+            raise KerasMHAError(
                 f"{' '.join(command)} exited with {completed.returncode}: "
                 f"{completed.stderr.strip()[-500:]}"
             )
         if run:
             seconds.append(elapsed)
-    return Timing(name, " ".join(command), seconds)
+            cpu_seconds.append(cpu)
+    return Timing(name, " ".join(command), seconds, cpu_seconds)
+
+
+def _children_cpu_seconds() -> float:
+    """User + system CPU seconds of the finished child processes so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def measure_transformers(model: str, repeat: int) -> tuple[Timing | None, dict | str]:
@@ -289,12 +310,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"startup benchmark: {arguments.model}, {os.cpu_count()} CPUs, Python {result['python']}")
     width = max(len(timing.name) for timing in timings)
-    print(f"  {'':<{width}}  {'median':>9}  {'min':>9}  runs")
+    print(f"  {'':<{width}}  {'median':>9}  {'min':>9}  {'cpu':>9}  runs")
     for timing in timings:
+        cpu = "-" if timing.median_cpu is None else f"{timing.median_cpu:.3f}s"
         print(
             f"  {timing.name:<{width}}  {timing.median:>8.3f}s  {timing.minimum:>8.3f}s  "
-            f"{len(timing.seconds)}"
+            f"{cpu:>9}  {len(timing.seconds)}"
         )
+    print("  (median and min: wall time; cpu: median user + system CPU time of the process)")
     if isinstance(transformers_details, dict):
         print(
             f"  transformers split (medians): imports {transformers_details['import_s']:.2f}s, "
