@@ -200,15 +200,18 @@ def measure_transformers(model: str, repeat: int) -> tuple[Timing | None, dict |
         # A directory with only config.json, as transformers expects from a checkpoint.
         shutil.copy(config_path, Path(directory) / "config.json")
         command = [sys.executable, "-c", _TRANSFORMERS_SCRIPT, directory]
-        seconds, runs = [], []
+        seconds, cpu_seconds, runs = [], [], []
         for run in range(repeat + 1):
+            cpu_before = _children_cpu_seconds()
             start = time.perf_counter()
             completed = subprocess.run(command, capture_output=True, text=True, env=environment)
             elapsed = time.perf_counter() - start
+            cpu = _children_cpu_seconds() - cpu_before
             if completed.returncode != 0:
                 return None, f"failed: {completed.stderr.strip().splitlines()[-1:]}"
             if run:  # the first run warms the file cache, as for the other commands
                 seconds.append(elapsed)
+                cpu_seconds.append(cpu)
                 runs.append(json.loads(completed.stdout.strip().splitlines()[-1]))
     # Medians of the in-process split, so it describes the same runs as the wall times.
     details = {
@@ -217,7 +220,8 @@ def measure_transformers(model: str, repeat: int) -> tuple[Timing | None, dict |
         "parameters": runs[-1]["parameters"],
     }
     shown = f"python -c <import torch, transformers; {Path(config_path).parent.name} on meta>"
-    return Timing("transformers meta-device instantiation", shown, seconds), details
+    timing = Timing("transformers meta-device instantiation", shown, seconds, cpu_seconds)
+    return timing, details
 
 
 def build_parser() -> argparse.ArgumentParser:
