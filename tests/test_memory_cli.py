@@ -71,6 +71,22 @@ def test_fits_with_gpu_and_memory(capsys):
     assert fits["max_batch"] == fits["by_kv_dtype"]["float8"]["max_batch"] > 0
 
 
+def test_the_fit_answers_invert_the_reported_serving_memory(capsys):
+    """End to end: at `max_seq_len` (and `max_batch`) the report's own `serving_bytes`
+    fits the memory, one token (one sequence) more does not."""
+    flags = ["--memory", "20GiB", "--batch", "3", "--seq-len", "6000", "--kv-dtype", "fp8"]
+    fits = inspect_json(capsys, LLAMA_3, *flags)["fits"]
+    budget, length, batch = fits["memory_bytes"], fits["max_seq_len"], fits["max_batch"]
+    assert length > 6000 and batch > 3
+
+    def serving(batch, seq_len):
+        argv = [LLAMA_3, "--batch", str(batch), "--seq-len", str(seq_len), "--kv-dtype", "fp8"]
+        return inspect_json(capsys, *argv)["memory"]["serving_bytes"]
+
+    assert serving(3, length) <= budget < serving(3, length + 1)
+    assert serving(batch, 6000) <= budget < serving(batch + 1, 6000)
+
+
 def test_memory_too_small_for_the_weights_says_so_with_numbers(capsys):
     report = inspect_json(capsys, LLAMA_3, "--memory", "8GiB")
     assert report["fits"]["weights_fit"] is False
