@@ -8,7 +8,7 @@
     keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
     keras-mha cards                      list the bundled cards
     keras-mha --version
-    keras-mha bench [layers|model] ...   benchmarks (default: layers)
+    keras-mha bench [layers|model|inspect] ...   benchmarks (default: layers)
 
 MODEL is a Hub model id or model page URL, a local directory or config.json, or
 `bundled:org/name`. Errors are one line on stderr (`keras-mha: error: ...`), never a
@@ -490,14 +490,16 @@ def _list_cards() -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    """`bench [layers|model] [args]`: the first word picks the benchmark (default layers)."""
+    """`bench [layers|model|inspect] [args]`: the first word picks the benchmark (default
+    layers)."""
     if argv and argv[0] in ("-h", "--help"):
         sys.stdout.write(
-            f"usage: {PROGRAM} bench [layers|model] [ARGS...]\n\n"
-            "  layers  attention layers against Keras, keras-hub and the backend's fused kernel "
-            "(the default)\n"
-            "  model   whole models (keras_mha.models.bench)\n\n"
-            f"Run `{PROGRAM} bench layers --help` or `{PROGRAM} bench model --help` for options.\n"
+            f"usage: {PROGRAM} bench [layers|model|inspect] [ARGS...]\n\n"
+            "  layers   attention layers against Keras, keras-hub and the backend's fused "
+            "kernel (the default)\n"
+            "  model    whole models (keras_mha.models.bench)\n"
+            "  inspect  `inspect` and `compare` from a cold process (no backend needed)\n\n"
+            f"Run `{PROGRAM} bench NAME --help` for the options of each.\n"
         )
         return 0
     target = "layers"
@@ -528,6 +530,7 @@ def _run_bench(argv: list[str]) -> int:
 _BENCHMARKS = {
     "layers": ("keras_mha.benchmarks.layers", "main"),
     "model": ("keras_mha.models.bench", "run_model_benchmark"),
+    "inspect": ("keras_mha.benchmarks.startup", "main"),
 }
 
 

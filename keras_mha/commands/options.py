@@ -141,7 +141,9 @@ def memory_request(arguments: argparse.Namespace):
     from keras_mha.cards.gpus import find_gpu
     from keras_mha.cards.memory_report import MemoryRequest
 
-    gpu = find_gpu(arguments.gpu) if getattr(arguments, "gpu", None) else None
+    # `is not None`: an empty `--gpu ""` (an unset shell variable) is refused, not ignored.
+    name = getattr(arguments, "gpu", None)
+    gpu = find_gpu(name) if name is not None else None
     return MemoryRequest(
         weights_dtype=arguments.weights_dtype,
         prefill_chunk=arguments.prefill_chunk,
