@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
 import os
 import sys
 import warnings
@@ -53,7 +52,6 @@ EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
 EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE
 DEBUG_FLAG = "--debug"
-MAX_TIMEOUT_SECONDS = 86400.0
 # errno values that mean "this path cannot be used as asked" (PathError, exit 14).
 _PATH_ERRNOS = {
     errno.ENOENT,
@@ -130,20 +128,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not a number; expected seconds, e.g. 10 or 2.5"
-        ) from None
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SECONDS:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is out of range; expected seconds in (0, {MAX_TIMEOUT_SECONDS:g}]"
-        )
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand.
 
@@ -209,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
     inspect.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=options.seconds_type,
         default=10.0,
         help="seconds the whole exchange with the Hub may take (default 10; "
         "HF_HUB_ETAG_TIMEOUT wins)",

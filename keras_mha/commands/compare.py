@@ -101,19 +101,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
     parser.add_argument(
         "--timeout",
-        type=_timeout_type,
+        type=options.seconds_type,
         default=10.0,
         help="seconds to wait for the Hub per model (default 10)",
     )
     parser.set_defaults(run=run)
     return parser
-
-
-def _timeout_type(text: str) -> float:
-    # The same rule and message as `inspect --timeout`.
-    from keras_mha.cli import _positive_float
-
-    return _positive_float(text)
 
 
 def run(arguments: argparse.Namespace) -> int:
