@@ -8,7 +8,7 @@
     keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
     keras-mha cards                      list the bundled cards
     keras-mha --version
-    keras-mha bench [layers|model] ...   benchmarks (default: layers)
+    keras-mha bench [layers|model|inspect] ...   benchmarks (default: layers)
 
 MODEL is a Hub model id or model page URL, a local directory or config.json, or
 `bundled:org/name`. Errors are one line on stderr (`keras-mha: error: ...`), never a
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import math
 import os
 import sys
 import warnings
@@ -54,7 +53,6 @@ EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
 EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE
 DEBUG_FLAG = "--debug"
-MAX_TIMEOUT_SECONDS = 86400.0
 # errno values that mean "this path cannot be used as asked" (PathError, exit 14).
 _PATH_ERRNOS = {
     errno.ENOENT,
@@ -131,20 +129,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not a number; expected seconds, e.g. 10 or 2.5"
-        ) from None
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SECONDS:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is out of range; expected seconds in (0, {MAX_TIMEOUT_SECONDS:g}]"
-        )
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand.
 
@@ -210,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
     inspect.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=options.seconds_type,
         default=10.0,
         help="seconds the whole exchange with the Hub may take (default 10; "
         "HF_HUB_ETAG_TIMEOUT wins)",
@@ -500,14 +484,16 @@ def _list_cards() -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    """`bench [layers|model] [args]`: the first word picks the benchmark (default layers)."""
+    """`bench [layers|model|inspect] [args]`: the first word picks the benchmark (default
+    layers)."""
     if argv and argv[0] in ("-h", "--help"):
         sys.stdout.write(
-            f"usage: {PROGRAM} bench [layers|model] [ARGS...]\n\n"
-            "  layers  attention layers against Keras, keras-hub and the backend's fused kernel "
-            "(the default)\n"
-            "  model   whole models (keras_mha.models.bench)\n\n"
-            f"Run `{PROGRAM} bench layers --help` or `{PROGRAM} bench model --help` for options.\n"
+            f"usage: {PROGRAM} bench [layers|model|inspect] [ARGS...]\n\n"
+            "  layers   attention layers against Keras, keras-hub and the backend's fused "
+            "kernel (the default)\n"
+            "  model    whole models (keras_mha.models.bench)\n"
+            "  inspect  `inspect` and `compare` from a cold process (no backend needed)\n\n"
+            f"Run `{PROGRAM} bench NAME --help` for the options of each.\n"
         )
         return 0
     target = "layers"
@@ -552,6 +538,7 @@ def _one_line_argparse_errors():
 _BENCHMARKS = {
     "layers": ("keras_mha.benchmarks.layers", "main"),
     "model": ("keras_mha.models.bench", "run_model_benchmark"),
+    "inspect": ("keras_mha.benchmarks.startup", "main"),
 }
 
 
