@@ -226,7 +226,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.seed = seed
+        self.seed = validation.optional_int("seed", seed)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.rotary_embedding = (
             RotaryEmbedding(
