@@ -1,4 +1,9 @@
-"""One query token against the KV cache, written so that XLA on CPU reads the cache once.
+"""Query tokens against the KV cache, written so that XLA on CPU reads the cache once.
+
+Two paths, each for the backend where it was measured faster than the grouped einsum
+of `attention_kernels.grouped_attention`: `flat_cache_attention` on TensorFlow (two
+flat matmuls that read the cache in place, with a variable cache updated by a scatter:
+see `kv_cache.py`), and `single_query_attention` on JAX's CPU backend, below.
 
 The general path computes the logits and the weighted values as batched matmuls
 (`einsum`). On XLA's CPU backend a matmul operand is a *reshaped* view of the cache

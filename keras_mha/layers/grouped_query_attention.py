@@ -119,7 +119,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         cache: KV cache from `init_cache` for self-attention decoding, or from
             `compute_cross_attention_cache` for cross-attention: a
             `KVCache(key, value)` pair, each `(batch, num_key_value_heads,
-            max_length, head_dim)`.
+            max_length, head_dim)`; on TensorFlow, a cache of variables from
+            `init_cache(..., variables=True)` is updated in place and returned
+            as it is.
         cache_index: position of the first query token when decoding with a
             self-attention cache; the new keys/values are written there.
             None with a cache means the cache is read-only (cross-attention).
