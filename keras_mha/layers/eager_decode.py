@@ -312,7 +312,7 @@ def step(layer, query, cache, start, attention_mask, causal, outside_keras_scope
 def _output(layer, attended, batch, query_length, read):
     """Head gates, then the output projection, as `GroupedQueryAttention._finish`."""
     gates = read(layer.head_gates)
-    if not _all_ones(layer, gates):  # Gates at 1 (no pruning) leave the heads exactly as they are.
+    if not _all_ones(layer, gates):  # Gates at 1 (no pruning) leave the heads as they are.
         attended = attended * gates.to(attended.dtype)[:, None]
     kernel = read(layer.output_kernel).reshape(layer.num_heads * layer.head_dim, -1)
     attended = attended.reshape(batch, query_length, -1)
@@ -326,8 +326,33 @@ def _output(layer, attended, batch, query_length, read):
 _GATES_ALL_ONES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def gates_are_ones(layer):
+    """Whether multiplying by `layer.head_gates` may be skipped: eager PyTorch, every gate 1.
+
+    Not under `torch.compile` (reading the values would break the graph) and not
+    while the gates require a gradient (pruning's gate gradients,
+    pruning/gate_gradients.py, need the product in the graph). Skipping the
+    product of a kernel or of the heads with ones changes no value.
+
+    Example:
+        >>> gates_are_ones(layer)  # doctest: +SKIP
+        True
+    """
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    if torch.compiler.is_compiling() or in_stateless_scope() or in_symbolic_scope():
+        return False
+    # The stored tensor (outside a stateless scope, `.value` is it or its autocast copy).
+    gates = _stored_value(layer.head_gates)
+    return isinstance(gates, torch.Tensor) and not gates.is_meta and _all_ones(layer, gates)
+
+
 def _all_ones(layer, gates):
     """Whether every gate is 1; re-read only after the gates change (in place or not)."""
+    if gates.requires_grad:
+        return False
     version, pointer = gates._version, gates.data_ptr()
     known = _GATES_ALL_ONES.get(layer)
     if known is not None and known[0] is gates and known[1:3] == (version, pointer):

@@ -757,7 +757,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         gates = ops.cast(self.head_gates, heads.dtype)
         kernel = self.output_kernel
         batch, length = heads.shape[0], heads.shape[1]
-        if isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:
+        if eager_decode.gates_are_ones(self):
+            pass  # Eager PyTorch, no head pruned: no copy of the kernel (or heads) times 1.
+        elif isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:
             # Gating the kernel (heads x head_dim x output_dim values) costs less
             # than gating the heads (batch x length x heads x head_dim values);
             # with the gates at 1 the products are exact, so the output is too.
