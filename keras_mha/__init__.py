@@ -9,7 +9,7 @@ Example:
     >>> layer = keras_mha.GroupedQueryAttention(num_heads=8, num_key_value_heads=2)
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Names resolved lazily (PEP 562) so `import keras_mha` never imports keras.
 _LAZY_LAYER_EXPORTS = (

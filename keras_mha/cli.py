@@ -8,7 +8,7 @@
     keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
     keras-mha cards                      list the bundled cards
     keras-mha --version
-    keras-mha bench [layers|model] ...   benchmarks (default: layers)
+    keras-mha bench [layers|model|inspect] ...   benchmarks (default: layers)
 
 MODEL is a Hub model id or model page URL, a local directory or config.json, or
 `bundled:org/name`. Errors are one line on stderr (`keras-mha: error: ...`), never a
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
 import os
 import sys
 import warnings
@@ -53,7 +52,6 @@ EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
 EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE
 DEBUG_FLAG = "--debug"
-MAX_TIMEOUT_SECONDS = 86400.0
 # errno values that mean "this path cannot be used as asked" (PathError, exit 14).
 _PATH_ERRNOS = {
     errno.ENOENT,
@@ -130,20 +128,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not a number; expected seconds, e.g. 10 or 2.5"
-        ) from None
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SECONDS:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is out of range; expected seconds in (0, {MAX_TIMEOUT_SECONDS:g}]"
-        )
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand.
 
@@ -209,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
     inspect.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=options.seconds_type,
         default=10.0,
         help="seconds the whole exchange with the Hub may take (default 10; "
         "HF_HUB_ETAG_TIMEOUT wins)",
@@ -243,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("cannot write the output: stdout is closed", PathError.exit_code)
     try:
         try:
-            exit_code = _dispatch(argv)
+            with warnings.catch_warnings():  # restores Python's display when main returns
+                warnings.showwarning = _one_line_warning(secrets)
+                exit_code = _dispatch(argv)
         except SystemExit as exit_request:  # --help, --version, or a command's sys.exit
             exit_code = _exit_status(exit_request.code)
         _flush_stdout()
@@ -488,14 +474,16 @@ def _list_cards() -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    """`bench [layers|model] [args]`: the first word picks the benchmark (default layers)."""
+    """`bench [layers|model|inspect] [args]`: the first word picks the benchmark (default
+    layers)."""
     if argv and argv[0] in ("-h", "--help"):
         sys.stdout.write(
-            f"usage: {PROGRAM} bench [layers|model] [ARGS...]\n\n"
-            "  layers  attention layers against Keras, keras-hub and the backend's fused kernel "
-            "(the default)\n"
-            "  model   whole models (keras_mha.models.bench)\n\n"
-            f"Run `{PROGRAM} bench layers --help` or `{PROGRAM} bench model --help` for options.\n"
+            f"usage: {PROGRAM} bench [layers|model|inspect] [ARGS...]\n\n"
+            "  layers   attention layers against Keras, keras-hub and the backend's fused "
+            "kernel (the default)\n"
+            "  model    whole models (keras_mha.models.bench)\n"
+            "  inspect  `inspect` and `compare` from a cold process (no backend needed)\n\n"
+            f"Run `{PROGRAM} bench NAME --help` for the options of each.\n"
         )
         return 0
     target = "layers"
@@ -526,6 +514,7 @@ def _run_bench(argv: list[str]) -> int:
 _BENCHMARKS = {
     "layers": ("keras_mha.benchmarks.layers", "main"),
     "model": ("keras_mha.models.bench", "run_model_benchmark"),
+    "inspect": ("keras_mha.benchmarks.startup", "main"),
 }
 
 
@@ -540,6 +529,21 @@ def _fail(message: str, exit_code: int, secrets=()) -> int:
     except (OSError, ValueError, AttributeError):
         pass  # stderr itself is gone: the exit code still tells
     return exit_code
+
+
+def _one_line_warning(secrets):
+    """A `warnings.showwarning` that prints `keras-mha: warning: <message>` as one line:
+    no source file and code line from inside keras-mha, secrets redacted, control
+    characters escaped (a warning may quote a config value)."""
+    from keras_mha.safe_text import one_line
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        try:
+            sys.stderr.write(f"{PROGRAM}: warning: {one_line(str(message), secrets)}\n")
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    return show
 
 
 def _silence_stdout() -> None:

@@ -253,5 +253,10 @@ def test_inspect_startup_tool_measures_startup():
     )
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)
-    assert [t["name"] for t in result["timings"]] == ["python startup", "keras-mha inspect"]
+    assert [t["name"] for t in result["timings"]] == [
+        "python startup",
+        "keras-mha inspect",
+        "keras-mha inspect --gpu H100 80GB SXM",
+        "keras-mha compare (2 models) --gpu H100 80GB SXM",
+    ]
     assert all(t["min_s"] > 0 for t in result["timings"])

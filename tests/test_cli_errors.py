@@ -241,6 +241,24 @@ def test_subcommands_registered_by_modules_get_the_same_handling(capsys, monkeyp
     assert_one_error_line(err, "internal error: KeyError")
 
 
+def test_a_warning_during_a_command_is_one_line_without_source_lines(capsys, monkeypatch):
+    import warnings
+
+    def warn_then_fail(*args):
+        warnings.warn(
+            "heads_to_prune: only 2 of 3\nheads (\x1b[2J) hf_SecretToken0123456789", stacklevel=2
+        )
+        raise errors.PruningError("no head can go")
+
+    monkeypatch.setattr(cli, "_render", warn_then_fail)
+    code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
+    warning, error = err.splitlines()
+    assert code == 16 and error.startswith("keras-mha: error: ") and "no head can go" in error
+    assert warning.startswith("keras-mha: warning: heads_to_prune: only 2 of 3")
+    assert "\x1b[" not in warning and "hf_SecretToken0123456789" not in warning
+    assert warnings.showwarning.__module__ == "warnings"  # Python's own display is back
+
+
 def test_a_missing_optional_package_is_one_line(capsys, monkeypatch):
     def need_matplotlib(*args):
         import matplotlib_that_is_not_installed  # noqa: F401
@@ -390,3 +408,23 @@ def test_readme_error_table_matches_errors_py():
         cli.EXIT_BROKEN_PIPE,
     ):
         assert re.search(rf"^\| {code} \|", section, flags=re.MULTILINE), code
+
+
+@pytest.mark.parametrize(
+    "data, mention",
+    [
+        ("/dev/zero", "is a character device"),
+        ("TMP", "is a directory"),
+        ("TMP/no", "does not exist"),
+    ],
+)
+def test_prune_data_that_is_not_a_text_file_is_named_for_what_it_is(
+    capsys, tmp_path, data, mention
+):
+    data = data.replace("TMP", str(tmp_path))
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        capsys, "prune", str(tmp_path), "--target", "1", "--out", str(out), "--data", data
+    )
+    assert code == 14 and not out.exists()
+    assert_one_error_line(err, f"--data: {data!r} {mention}", "expected a plain text file")

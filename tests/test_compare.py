@@ -2,6 +2,7 @@
 --gpu/--memory, the plot's numbers, and one-line errors."""
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -74,6 +75,12 @@ def test_table_and_markdown_side_by_side(capsys):
     assert exit_code == 0
     assert "| | meta-llama/Llama-2-7b-hf | meta-llama/Meta-Llama-3-8B |" in out
     assert "| attention | MHA | GQA |" in out and "max context" not in out
+    # Markdown keeps what the table says below it: the (!) note and the warnings.
+    exit_code, out, _ = run_cli(
+        capsys, "compare", LLAMA_2, LLAMA_3, "--gpu", "h100", "--format", "markdown"
+    )
+    assert exit_code == 0 and "| 137,812 (!) |" not in out and "\n(!) beyond the model's" in out
+    assert "- meta-llama/Llama-2-7b-hf: --seq-len 8,192 is beyond" in out
 
 
 def test_plot_series_are_the_cost_models_numbers():
@@ -103,6 +110,7 @@ def test_plot_series_are_the_cost_models_numbers():
         ([LLAMA_3, MISTRAL, "--plot-total"], 2, "--plot-total needs --plot"),
         ([LLAMA_3, MISTRAL, "--gpu", "tpu"], 2, "H100 80GB SXM"),
         ([LLAMA_3, "bundled:org/missing"], 3, "org/missing"),
+        ([LLAMA_3, MISTRAL, "--timeout", "inf"], 2, "--timeout: 'inf' is out of range"),
     ],
 )
 def test_errors_are_one_line(capsys, argv, code, expected):
@@ -124,3 +132,27 @@ def test_plot_into_a_missing_folder_is_a_path_error(capsys, tmp_path):
     target = tmp_path / "no" / "such" / "plot.png"
     exit_code, _, err = run_cli(capsys, "compare", LLAMA_3, MISTRAL, "--plot", str(target))
     assert exit_code == 14 and err.count("\n") == 1 and "cannot write" in err
+
+
+_IMPORT_PROBE = """
+import contextlib, io, json, sys
+from keras_mha.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    codes = [main(argv) for argv in json.loads(sys.argv[1])]
+heavy = {"keras", "jax", "torch", "tensorflow", "numpy", "huggingface_hub", "matplotlib"}
+print(json.dumps([codes, sorted({name.split(".")[0] for name in sys.modules} & heavy)]))
+"""
+
+
+def test_compare_and_the_fit_search_import_no_keras_backend_numpy_or_hub():
+    commands = [
+        ["compare", LLAMA_3, MISTRAL, "--gpu", "h100", "--format", output_format]
+        for output_format in ("table", "json", "markdown")
+    ] + [["inspect", LLAMA_3, "--memory", "24GiB", "--format", "markdown"]]
+    completed = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(completed.stdout) == [[0, 0, 0, 0], []], completed.stderr

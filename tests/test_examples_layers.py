@@ -24,6 +24,10 @@ def test_gqa_language_model_trains_and_generates_with_the_cache(capsys):
     before = float(re.search(r"loss before training: ([0-9.]+)", output).group(1))
     after = float(re.search(r"loss after 30 steps: ([0-9.]+)", output).group(1))
     assert after < before - 0.5, output
+    # Progress while it trains (output not a terminal: a line every tenth of the steps).
+    assert re.findall(r"^step (\d+)/30: loss [0-9.]+$", output, re.M) == [
+        str(step) for step in range(3, 31, 3)
+    ], output
     # The example itself stops with status 1 when cached and uncached tokens differ.
     assert "check: the first 6 tokens equal uncached generation" in output
     generated = output.split("generated with the KV cache (greedy):\n", 1)[1].split("\n\n")[0]

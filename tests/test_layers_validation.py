@@ -135,6 +135,41 @@ def test_mismatched_inputs_are_refused_when_traced():
         function(_ones((2, 5, 8)), _ones((1, 6, 8)), _ones((1, 6, 8)))
 
 
+@pytest.mark.parametrize(
+    "index, received",
+    [
+        (2.5, "received 2.5"),  # used to write at 2
+        (True, "received True"),
+        ("2", "received '2'"),
+        (np.float32(2.0), "dtype float32"),
+        (np.array([1, 2]), r"shape \(2,\)"),
+    ],
+)
+def test_cache_index_must_be_an_integer_scalar(index, received):
+    layer = GroupedQueryAttention(4, 2, causal=True)
+    x = _ones((1, 2, FEATURES))
+    layer(x)
+    cache = layer.init_cache(1, 8)
+    with pytest.raises(ValueError, match=r"`cache_index` must be an integer scalar.*" + received):
+        layer(x, cache=cache, cache_index=index)
+    layer(x, cache=cache, cache_index=np.int64(3))  # NumPy integers are integers
+
+
+@pytest.mark.skipif(current_backend() != "tensorflow", reason="TensorFlow graph constants")
+def test_a_constant_index_in_a_compiled_tf_step_is_refused_when_traced():
+    """`tf.constant(7)` inside the step is known at trace time: refused, not a NaN step."""
+    import tensorflow as tf
+
+    layer = GroupedQueryAttention(4, 2, causal=True)
+    x = _ones((1, 2, FEATURES))
+    layer(x)
+    step = tf.function(
+        lambda cache: layer(x, cache=cache, cache_index=tf.constant(7)), jit_compile=True
+    )
+    with pytest.raises(ValueError, match=r"`cache_index`=7 overruns"):
+        step(layer.init_cache(1, 8))
+
+
 @pytest.mark.skipif(current_backend() != "tensorflow", reason="TensorFlow graphs only")
 def test_tf_graph_with_unknown_batch_asserts_at_run_time():
     import tensorflow as tf

@@ -71,6 +71,22 @@ def test_fits_with_gpu_and_memory(capsys):
     assert fits["max_batch"] == fits["by_kv_dtype"]["float8"]["max_batch"] > 0
 
 
+def test_the_fit_answers_invert_the_reported_serving_memory(capsys):
+    """End to end: at `max_seq_len` (and `max_batch`) the report's own `serving_bytes`
+    fits the memory, one token (one sequence) more does not."""
+    flags = ["--memory", "20GiB", "--batch", "3", "--seq-len", "6000", "--kv-dtype", "fp8"]
+    fits = inspect_json(capsys, LLAMA_3, *flags)["fits"]
+    budget, length, batch = fits["memory_bytes"], fits["max_seq_len"], fits["max_batch"]
+    assert length > 6000 and batch > 3
+
+    def serving(batch, seq_len):
+        argv = [LLAMA_3, "--batch", str(batch), "--seq-len", str(seq_len), "--kv-dtype", "fp8"]
+        return inspect_json(capsys, *argv)["memory"]["serving_bytes"]
+
+    assert serving(3, length) <= budget < serving(3, length + 1)
+    assert serving(batch, 6000) <= budget < serving(batch + 1, 6000)
+
+
 def test_memory_too_small_for_the_weights_says_so_with_numbers(capsys):
     report = inspect_json(capsys, LLAMA_3, "--memory", "8GiB")
     assert report["fits"]["weights_fit"] is False
@@ -90,6 +106,30 @@ def test_table_and_markdown_show_memory_and_fits(capsys):
         capsys, "inspect", LLAMA_3, "--gpu", "A100-80GB", "--format", "markdown"
     )
     assert exit_code == 0 and "## Memory" in out and "### Fits in A100 80GB" in out
+
+
+def test_table_shows_weights_per_dtype_and_part(capsys):
+    from keras_mha.cards.report import format_bytes
+
+    report = inspect_json(capsys, "bundled:ai21labs/Jamba-v0.1")
+    exit_code, out, _ = run_cli(capsys, "inspect", "bundled:ai21labs/Jamba-v0.1")
+    assert exit_code == 0
+    lines = out.splitlines()
+    start = lines.index(next(line for line in lines if line.split()[:2] == ["weights", "total"]))
+    assert lines[start].split()[2:] == [
+        "embeddings", "attention", "mlp/experts", "norms", "lm", "head", "other",
+    ]  # fmt: skip
+    by_part = report["memory"]["weights_bytes_by_part"]
+    for line, (dtype, total) in zip(
+        lines[start + 1 :], report["memory"]["weights_bytes"].items(), strict=False
+    ):
+        sizes = [total] + [by_part[dtype][part] for part in memory.PARTS]
+        assert line.split()[0] == dtype
+        assert " ".join(line.split()[1:]) == " ".join(format_bytes(size) for size in sizes)
+    # The `other` column (Mamba mixers here) is left out where every model part is zero.
+    exit_code, out, _ = run_cli(capsys, "inspect", LLAMA_3)
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["weights", "total"])
+    assert "other" not in header and "mlp/experts" in header
 
 
 def test_sliding_window_per_token_column_is_the_next_tokens_cost(capsys):
@@ -138,6 +178,7 @@ def test_kv_dtype_aliases(capsys, alias, dtype):
         (["--gpu", "h100", "--memory", "8GiB"], "not allowed with argument"),
         (["--optimizer", "lion"], "invalid choice"),
         (["--prefill-chunk", "0"], "must be a positive integer"),
+        (["--gpu", ""], "names no GPU"),  # an unset shell variable: refused, not ignored
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(capsys, argv, expected):
@@ -170,3 +211,33 @@ def test_readme_json_contract_example_is_the_commands_output(capsys):
                 assert actual[key] == value, f"{path}{key}"
 
     same_keys(example, report)
+
+
+def test_bench_inspect_refuses_bad_input_in_one_line(capsys):
+    # The timing itself is `keras-mha bench inspect` (tests/test_benchmarks.py runs it once).
+    for argv, code, expected in (
+        (["--model", "org/missing"], 3, "no bundled card 'org/missing'"),
+        (["--gpu", "tpu"], 2, "H100 80GB SXM"),
+        (["--repeat", "0"], 2, "--repeat"),
+    ):
+        exit_code, out, err = run_cli(capsys, "bench", "inspect", *argv)
+        assert exit_code == code and out == "" and err.count("\n") == 1, err
+        assert err.startswith("keras-mha: error: bench inspect: ") and expected in err
+
+
+def test_bundled_cards_say_how_they_were_obtained():
+    """Each card's source.json says it was copied or written from memory (never "as
+    published"), and the README's provenance list names exactly the cards compared with
+    copies found on GitHub."""
+    from pathlib import Path
+
+    from keras_mha.cards.bundled import bundled_source, list_bundled
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("#### Bundled cards", 1)[1].split("\n#### ", 1)[0]
+    compared_bullet = section.split("**Written from memory, then compared", 1)[1].split("\n- ")[0]
+    for repo_id in list_bundled():
+        notes = bundled_source(repo_id)["notes"]
+        assert notes.startswith(("Written from memory", "Copied verbatim")), repo_id
+        compared = notes.startswith("Written from memory") and "then compared with" in notes
+        assert (repo_id.split("/")[1] in compared_bullet) == compared, repo_id

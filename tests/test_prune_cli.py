@@ -118,7 +118,7 @@ def _prune_json(capsys, *arguments):
     capsys.readouterr()
     assert main(["prune", *map(str, arguments), "--format", "json"]) == 0
     captured = capsys.readouterr()
-    assert captured.err.strip() == "" or "Warning" not in captured.err
+    assert "warning:" not in captured.err  # the CLI shows each Python warning as one line
     return json.loads(captured.out)
 
 

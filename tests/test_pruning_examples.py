@@ -17,10 +17,16 @@ def _load_example(name):
 
 
 @pytest.mark.slow
-def test_digits_example_prunes_half_the_heads_and_shrinks_the_model(tmp_path):
+def test_digits_example_prunes_half_the_heads_and_shrinks_the_model(tmp_path, capsys):
     pytest.importorskip("sklearn")
     example = _load_example("prune_digits_classifier")
     results = example.main(["--fast", "--json", str(tmp_path / "digits.json")])
+    # A line per epoch while it trains, so a minute of training is not silent.
+    lines = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    for label in ("baseline", "pruned"):
+        assert [f"{label} epoch {epoch}/3" for epoch in (1, 2, 3)] == [
+            line for line in lines if line.startswith(f"{label} epoch")
+        ]
     assert sum(h for h, _ in results["heads_before"].values()) == 16
     assert sum(h for h, _ in results["heads_after"].values()) == 8
     assert results["pruned_per_epoch"] == [0, 4, 8]

@@ -28,6 +28,7 @@ from keras_mha.cards.checkpoint_weights import (
 from keras_mha.cards.costs import parameter_counts
 from keras_mha.cards.rebuild import attention_layer_arguments
 from keras_mha.cards.spec import from_config
+from keras_mha.errors import UnsupportedModelError
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 
 # The tiny models' attention outputs are of order 1-3; float32 round-off stays below 1e-6.
@@ -143,7 +144,7 @@ def test_unsupported_rope_scaling_is_named():
             "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
         }
     )
-    with pytest.raises(NotImplementedError, match="rope_type='yarn'"):
+    with pytest.raises(UnsupportedModelError, match="rope_type='yarn'"):
         build_attention(spec, 0)
 
 

@@ -1,8 +1,10 @@
 """Find the curated config snapshots ("bundled cards") that ship with keras-mha.
 
-A bundled card is a directory `<org>/<name>/` holding the model's `config.json`
-as published on the Hub and a `source.json` (`repo_id`, `revision`, `source`,
-`notes`) saying where the numbers come from. In an installed wheel the cards live
+A bundled card is a directory `<org>/<name>/` holding a snapshot of the model's Hub
+`config.json` and a `source.json` (`repo_id`, `revision`, `source`, `notes`) saying how
+that snapshot was obtained (most were written without Hub access, from memory of the
+public file, and checked against the published parameter count) and where the numbers
+come from. In an installed wheel the cards live
 inside the package at `keras_mha/_bundled_cards/`; in a source checkout or an
 editable install they live at the top-level `cards/` directory of the repository.
 

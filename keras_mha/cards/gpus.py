@@ -46,7 +46,7 @@ class GPU:
     aliases: tuple[str, ...]
 
 
-# name, memory, source, aliases. Order: the order `keras-mha inspect --gpu list` prints.
+# name, memory, source, aliases. Order: the order an unknown `--gpu` name lists them in.
 GPUS: tuple[GPU, ...] = (
     GPU("H200 141GB", 143771 * MIB, "nvidia-smi", ("h200", "h200sxm", "h200141gb")),
     GPU(
@@ -132,6 +132,12 @@ def find_gpu(name: str) -> GPU:
         'H100 80GB SXM'
     """
     key = normalize_gpu_name(str(name))
+    if not key:
+        raise UsageError(
+            f"--gpu {name!r} names no GPU; expected one of: {', '.join(known_gpu_names())}",
+            key="--gpu",
+            value=name,
+        )
     if key in AMBIGUOUS:
         raise UsageError(
             f"--gpu {name!r} is ambiguous: it comes as {' or '.join(AMBIGUOUS[key])}; "

@@ -415,7 +415,7 @@ def _load_from_hub(
     token_to_send, token_name = _resolve_token(huggingface_hub, token)
     from keras_mha import __version__
     from keras_mha.cards import hub_cache
-    from keras_mha.cards.hub_fetch import HubUnreachable, fetch
+    from keras_mha.cards.hub_fetch import fetch
 
     url = huggingface_hub.hf_hub_url(
         repo_id, CONFIG_FILENAME, revision=requested_revision, endpoint=endpoint
@@ -431,7 +431,7 @@ def _load_from_hub(
             url, headers=headers, timeout=timeout, described_as=described_as, secrets=secrets
         )
         unreachable = _error_for_status(answer, repo_id, revision, token_name, token_to_send)
-    except HubUnreachable as reason:
+    except HubUnreachableError as reason:
         unreachable = f"the Hub could not be reached ({one_line(str(reason), secrets)})"
     if isinstance(unreachable, str):
         if cached_path is not None:

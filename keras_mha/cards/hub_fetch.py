@@ -23,8 +23,9 @@ is capped at it, and gets `seconds_per_byte` more seconds per declared byte on t
 the deadline (a minimum average rate, so a trickle still ends; each read also times
 out after `timeout`).
 
-Failures raise `HubUnreachable` (no connection, timeout, offline mode: the caller may
-answer from the cache or a bundled card) or `HubResponseError` (the endpoint answered
+Failures raise `HubUnreachableError` with the bare reason (no connection, timeout,
+offline mode: the caller may answer from the cache or a bundled card, or re-raise it
+naming the model) or `HubResponseError` (the endpoint answered
 something refused). Messages never quote a token or a URL's password or query.
 
 Example:
@@ -41,7 +42,7 @@ import zlib
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
-from keras_mha.errors import HubResponseError
+from keras_mha.errors import HubResponseError, HubUnreachableError
 from keras_mha.safe_text import one_line
 
 MAX_REDIRECTS = 10
@@ -50,11 +51,6 @@ _CHUNK_BYTES = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _HUB_ORIGINS = {("https", "huggingface.co", 443), ("https", "hf.co", 443)}
 _SENSITIVE_HEADERS = ("authorization", "cookie")
-
-
-class HubUnreachable(Exception):
-    """The endpoint could not be reached in time (a reason string; not a `KerasMHAError`:
-    the caller decides whether a cached copy or a bundled card answers instead)."""
 
 
 @dataclass
@@ -88,7 +84,8 @@ def fetch(
     `max_bytes=None` (only with `open_sink`) caps the body at its declared length.
 
     Raises:
-        HubUnreachable: no answer in time, no connection, offline mode.
+        HubUnreachableError: no answer in time, no connection, offline mode (its message
+            is the reason; the caller adds what it was fetching).
         HubResponseError: a redirect loop or too many redirects, a body over `max_bytes`,
             a connection closed early, an unknown content encoding.
     """
@@ -111,7 +108,7 @@ def fetch(
     while worker.is_alive():
         remaining = clock["deadline"] - time.monotonic()
         if remaining <= -0.05:
-            raise HubUnreachable(f"Timeout: no complete answer within {timeout:g} s")
+            raise HubUnreachableError(f"Timeout: no complete answer within {timeout:g} s")
         worker.join(min(max(remaining, 0.0) + 0.05, 1.0))
     if "error" in outcome:
         raise outcome["error"]
@@ -138,7 +135,7 @@ def _exchange(url, headers, clock, described_as, secrets, max_bytes, stream) -> 
         }
         remaining = clock["deadline"] - time.monotonic()
         if remaining <= 0:
-            raise HubUnreachable("Timeout: the deadline passed while following redirects")
+            raise HubUnreachableError("Timeout: the deadline passed while following redirects")
         try:
             with session.stream(
                 "GET",
@@ -182,16 +179,14 @@ def _exchange(url, headers, clock, described_as, secrets, max_bytes, stream) -> 
                         seconds_per_byte,
                     )
                 return answer
-        except (HubResponseError, HubUnreachable):
+        except (HubResponseError, HubUnreachableError):
             raise
         except OfflineModeIsEnabled:
-            raise HubUnreachable("offline mode is on (HF_HUB_OFFLINE)") from None
-        except httpx2.TimeoutException as error:
-            raise HubUnreachable(f"{type(error).__name__}: {_reason(error, secrets)}") from None
+            raise HubUnreachableError("offline mode is on (HF_HUB_OFFLINE)") from None
         except httpx2.RemoteProtocolError as error:
             reason = _reason(error, secrets)
             if "disconnected" in reason.lower() and not hops:
-                raise HubUnreachable(f"RemoteProtocolError: {reason}") from None
+                raise HubUnreachableError(f"RemoteProtocolError: {reason}") from None
             raise HubResponseError(
                 f"{described_as}: the endpoint sent a broken HTTP answer ({reason})"
             ) from None
@@ -200,10 +195,9 @@ def _exchange(url, headers, clock, described_as, secrets, max_bytes, stream) -> 
                 f"{described_as}: cannot request {one_line(url, secrets)} "
                 f"({_reason(error, secrets)})"
             ) from None
-        except httpx2.TransportError as error:
-            raise HubUnreachable(f"{type(error).__name__}: {_reason(error, secrets)}") from None
-        except (ConnectionError, TimeoutError) as error:
-            raise HubUnreachable(f"{type(error).__name__}: {_reason(error, secrets)}") from None
+        except (httpx2.TransportError, ConnectionError, TimeoutError) as error:  # timeouts too
+            reason = f"{type(error).__name__}: {_reason(error, secrets)}"
+            raise HubUnreachableError(reason) from None
     raise HubResponseError(
         f"{described_as}: the endpoint redirected more than {MAX_REDIRECTS} times "
         f"(last to {one_line(url, secrets)}); check HF_ENDPOINT / --endpoint"
@@ -280,14 +274,14 @@ def _stream_body(response, answer, clock, described_as, max_bytes, open_sink, se
                 )
             sink.write(chunk)
             if time.monotonic() > clock["deadline"]:
-                raise HubUnreachable(
+                raise HubUnreachableError(
                     f"Timeout: the body was still arriving at the deadline ({received:,} of "
                     f"{declared_length:,} bytes)"
                 )
     except httpx2.RemoteProtocolError:
         pass  # closed early: reported just below as incomplete
     except httpx2.TimeoutException as error:
-        raise HubUnreachable(
+        raise HubUnreachableError(
             f"Timeout: no byte for {clock['timeout']:g} s after {received:,} of "
             f"{declared_length:,} bytes ({type(error).__name__})"
         ) from None
@@ -327,7 +321,7 @@ def _read_body(response, answer_headers, deadline, described_as, max_bytes) -> b
                     "config.json is a few KB"
                 )
             if time.monotonic() > deadline:
-                raise HubUnreachable(
+                raise HubUnreachableError(
                     f"Timeout: the body was still arriving at the deadline ({received:,} bytes)"
                 )
     except httpx2.RemoteProtocolError:
@@ -373,4 +367,4 @@ def _reason(error: BaseException, secrets) -> str:
     return one_line(str(error), secrets)[:300] or type(error).__name__
 
 
-__all__ = ["MAX_BODY_BYTES", "MAX_REDIRECTS", "HubAnswer", "HubUnreachable", "fetch"]
+__all__ = ["MAX_BODY_BYTES", "MAX_REDIRECTS", "HubAnswer", "fetch"]

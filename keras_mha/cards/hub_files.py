@@ -142,7 +142,7 @@ def hub_file(
             cache_dir=cache_dir,
             described_as=described_as,
         )
-    except _Unreachable as reason:
+    except HubUnreachableError as reason:  # the bare reason, from _download
         if cached_path is not None:
             return cached_path
         raise HubUnreachableError(
@@ -151,10 +151,6 @@ def hub_file(
             model_id=repo_id,
             revision=requested_revision,
         ) from None
-
-
-class _Unreachable(Exception):
-    """The Hub did not answer usably (timeout, 5xx): the cache may answer instead."""
 
 
 class _AlreadyCached(Exception):  # noqa: N818 - a signal, not an error
@@ -181,7 +177,7 @@ def _download(
 
     from keras_mha import __version__
     from keras_mha.cards import hub
-    from keras_mha.cards.hub_fetch import HubUnreachable, fetch
+    from keras_mha.cards.hub_fetch import fetch
 
     token_to_send, token_name = token
     secrets = (token_to_send,) if token_to_send else ()
@@ -214,7 +210,7 @@ def _download(
             )
         with lock:  # the waiting thread may have given up: then leave no temporary file
             if checked.get("abandoned"):
-                raise _Unreachable("the deadline passed")
+                raise HubUnreachableError("the deadline passed")
             handle, checked["temporary"] = hub_cache.blob_temporary(cache_dir, repo_id)
             checked["sink"] = _HashingSink(handle, len(checked["etag"]) == _SHA256_LENGTH)
         return checked["sink"]
@@ -231,8 +227,8 @@ def _download(
                 open_sink=open_sink,
                 seconds_per_byte=1.0 / MIN_BYTES_PER_SECOND,
             )
-        except HubUnreachable as reason:
-            raise _Unreachable(f"the Hub could not be reached ({reason})") from None
+        except HubUnreachableError as reason:
+            raise HubUnreachableError(f"the Hub could not be reached ({reason})") from None
         except _AlreadyCached as cached:
             return cached.path
         finally:
@@ -244,7 +240,7 @@ def _download(
             return None  # the repository has no such file
         if not 200 <= answer.status < 300:
             problem = hub._error_for_status(answer, repo_id, revision, token_name, token_to_send)
-            raise _Unreachable(problem)
+            raise HubUnreachableError(problem)
         sink = checked["sink"]
         if sink.digest is not None and sink.digest.hexdigest() != checked["etag"]:
             raise HubResponseError(

@@ -31,6 +31,8 @@ MAX_REVISION_LENGTH = 255
 MAX_TOKEN_LENGTH = 4096
 CONFIG_FILENAME = "config.json"
 COMMIT_HASH = re.compile(r"[0-9a-f]{40}")
+# A Hub pull request's ref; `refs/pr/...` in any other shape names nothing.
+_PULL_REQUEST_REF = re.compile(r"refs/pr/[1-9][0-9]{0,9}")
 
 # Hosts whose model pages `parse_hub_url` understands (besides the configured endpoint's).
 HUB_HOSTS = frozenset({"huggingface.co", "www.huggingface.co", "hf.co", "www.hf.co"})
@@ -71,6 +73,8 @@ def revision_problem(revision: str) -> str | None:
         return "is '@' or contains '@{'"
     if revision.endswith("."):
         return "ends with '.'"
+    if (revision + "/").startswith("refs/pr/") and not _PULL_REQUEST_REF.fullmatch(revision):
+        return "is not refs/pr/N with N the pull request's number"
     for component in revision.split("/"):
         if component.startswith("."):
             return f"has a component starting with '.' ({component!r})"

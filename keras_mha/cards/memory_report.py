@@ -202,14 +202,46 @@ def _count(value) -> str:
     return "unbounded" if value is None else f"{value:,}"
 
 
+# Columns of the weights-by-part table: (part of `parameter_counts`, table heading).
+_WEIGHT_PARTS = (
+    ("embeddings", "embeddings"),
+    ("attention", "attention"),
+    ("mlp", "mlp/experts"),
+    ("norms", "norms"),
+    ("lm_head", "lm head"),
+    ("other", "other"),
+)
+QUANTIZATION_NOTE = (
+    "int8/int4 count one float16 scale per 128 weights, float8 one float32 scale per "
+    "128x128 block; embeddings, norms and the LM head stay bfloat16."
+)
+
+
+def _weights_table_lines(entry: dict) -> list[str]:
+    """Weights per dtype, in total and per part (the `other` column only when used)."""
+    by_part = entry["weights_bytes_by_part"]
+    parts = [
+        (part, heading)
+        for part, heading in _WEIGHT_PARTS
+        if part != "other" or any(sizes["other"] for sizes in by_part.values())
+    ]
+    table = [("weights", "total", *(heading for _, heading in parts))]
+    for dtype, total in entry["weights_bytes"].items():
+        sizes = by_part[dtype]
+        table.append((dtype, _bytes(total), *(_bytes(sizes[part]) for part, _ in parts)))
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+    lines = []
+    for row in table:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  " + "  ".join(cells))
+    return lines + [f"  ({QUANTIZATION_NOTE})"]
+
+
 def _summary_rows(report: dict) -> list[tuple[str, str]]:
     entry = report["memory"]
     serving, training = entry["serving"], entry["training"]
-    weights = entry["weights_bytes"]
-    sizes = [f"{dtype} {_bytes(size)}" for dtype, size in weights.items()]
     rows = [
-        ("weights", ", ".join(sizes[:3])),
-        ("", ", ".join(sizes[3:])),
         (
             f"serving ({serving['weights_dtype']} weights, {serving['kv_dtype']} KV)",
             f"{_bytes(serving['total_bytes'])} = weights {_bytes(serving['weights_bytes'])}"
@@ -311,6 +343,7 @@ def memory_table_lines(report: dict) -> list[str]:
     entry = report["memory"]
     serving = entry["serving"]
     lines = ["", f"memory (batch {serving['batch']}, {serving['seq_len']:,} tokens)"]
+    lines += _weights_table_lines(entry)
     rows = _summary_rows(report)
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label:<{width}}  {value}" for label, value in rows]
@@ -367,12 +400,8 @@ def memory_markdown_lines(report: dict) -> list[str]:
         f"At batch {serving['batch']} and {serving['seq_len']:,} tokens:",
         "",
     ]
-    lines += [f"- {label.strip()}: {value}" for label, value in _summary_rows(report)[2:]]
-    lines += [
-        "",
-        "int8/int4 count one float16 scale per 128 weights, float8 one float32 scale per "
-        "128x128 block; embeddings, norms and the LM head stay bfloat16.",
-    ]
+    lines += [f"- {label.strip()}: {value}" for label, value in _summary_rows(report)]
+    lines += ["", QUANTIZATION_NOTE]
     if report.get("fits"):
         fits = report["fits"]
         lines += [

@@ -7,9 +7,9 @@ builds the layer (the class says what the model uses: `MultiHeadAttention`,
 exactly those the cost report counts for that layer; `count_params()` adds the
 `num_heads` non-trainable head gates used for pruning.
 
-What a layer cannot represent raises `NotImplementedError` naming the model type,
-the layer and the feature: DeepSeek's multi-head latent attention (MLA), T5's
-relative position bias, ALiBi, DBRX's q/k/v clipping, LayerNorm q/k norms (Phi with
+What a layer cannot represent raises `UnsupportedModelError` (a `NotImplementedError`)
+naming the model type, the layer and the feature: DeepSeek's multi-head latent attention
+(MLA), T5's relative position bias, ALiBi, DBRX's q/k/v clipping, LayerNorm q/k norms (Phi with
 `qk_layernorm`), value heads of another size than key heads, different biases on the
 q, k and v projections, and RoPE scalings other than linear and llama3 (YaRN,
 dynamic NTK, LongRoPE). Layers without attention (Jamba's Mamba layers) raise
@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_mha.cards.spec import ModelSpec
+from keras_mha.errors import UnsupportedModelError
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 
 ATTENTION_PARTS = ("self", "cross", "encoder")
@@ -44,41 +45,41 @@ def _where(spec: ModelSpec, layer_index: int, attention: str) -> str:
 
 
 def _check_representable(spec: ModelSpec, layer_index: int, attention: str) -> None:
-    """Raise NotImplementedError for what `GroupedQueryAttention` cannot compute."""
+    """Raise UnsupportedModelError for what `GroupedQueryAttention` cannot compute."""
     where = _where(spec, layer_index, attention)
     if spec.kv_lora_rank:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{where} is multi-head latent attention (MLA: kv_lora_rank={spec.kv_lora_rank}, "
             f"q_lora_rank={spec.q_lora_rank}, qk_rope_head_dim={spec.qk_rope_head_dim}); "
             f"keras-mha layers project keys and values per head and cannot represent it"
         )
     if spec.position_embedding == "relative":
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{where} adds a relative position bias (relative_attention_num_buckets="
             f"{spec.relative_attention_num_buckets}), which keras-mha layers do not compute"
         )
     if spec.position_embedding == "alibi":
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{where} uses ALiBi position biases (alibi=true), which keras-mha layers do "
             f"not compute"
         )
     if spec.qkv_clip is not None:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{where} clips q, k and v to +-{spec.qkv_clip} (attn_config.clip_qkv), which "
             f"keras-mha layers do not do"
         )
     if spec.qk_norm not in (None, "rms"):
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{where} normalises queries and keys with qk_norm={spec.qk_norm!r}; keras-mha "
             f"layers have an RMS q/k norm only"
         )
     if spec.value_head_dim != spec.head_dim:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{where} has value heads of {spec.value_head_dim} features and key heads of "
             f"{spec.head_dim}; keras-mha layers use one head_dim for both"
         )
     if not spec.q_bias == spec.k_bias == spec.v_bias:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{where} has q_bias={spec.q_bias}, k_bias={spec.k_bias}, v_bias={spec.v_bias}; "
             f"keras-mha layers have one use_bias for the three projections"
         )
@@ -91,7 +92,7 @@ def _rope_scaling(spec: ModelSpec, scaling, layer_index: int) -> dict | None:
     if kind == "default":
         return None
     if kind not in SUPPORTED_ROPE_SCALINGS:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{_where(spec, layer_index, 'self')} scales RoPE with rope_type={kind!r}; "
             f"keras-mha supports {list(SUPPORTED_ROPE_SCALINGS)}"
         )
@@ -129,7 +130,7 @@ def attention_layer_arguments(
 
     Raises:
         ValueError: a bad `attention` or `layer_index`, or a layer without attention.
-        NotImplementedError: the layer's attention is not representable (module docstring).
+        UnsupportedModelError: the layer's attention is not representable (module docstring).
 
     Example:
         >>> from keras_mha.cards.spec import from_config
@@ -256,7 +257,7 @@ def build_attention(
 
     Raises:
         ValueError: a bad `attention` or `layer_index`, or a layer without attention.
-        NotImplementedError: the layer's attention is not representable (module docstring).
+        UnsupportedModelError: the layer's attention is not representable (module docstring).
 
     Example:
         >>> from keras_mha.cards import load_config

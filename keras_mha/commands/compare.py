@@ -29,6 +29,9 @@ PLOT_FORMATS = (".png", ".svg", ".pdf")
 DEFAULT_SEQ_LEN = 8192
 # The plot starts here and doubles up to --plot-max-seq-len.
 PLOT_MIN_SEQ_LEN = 1024
+BEYOND_CONTEXT = (
+    "beyond the model's context length: memory would allow it, the model was not trained for it"
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -50,7 +53,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "models", nargs="+", metavar="MODEL", help="org/name, a local path, or bundled:org/name"
+        "models",
+        nargs="+",
+        metavar="MODEL",
+        help="org/name, a Hub URL (https://huggingface.co/org/name[/tree/REV]), a local path, "
+        "or bundled:org/name",
     )
     parser.add_argument(
         "--seq-len",
@@ -94,7 +101,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=options.seconds_type,
         default=10.0,
         help="seconds to wait for the Hub per model (default 10)",
     )
@@ -150,11 +157,6 @@ def _check_arguments(arguments: argparse.Namespace) -> None:
     if (arguments.plot_total or arguments.plot_max_seq_len) and not arguments.plot:
         flag = "--plot-total" if arguments.plot_total else "--plot-max-seq-len"
         raise UsageError(f"{flag} needs --plot FILE.png", key=flag, value=True)
-    if not (0 < arguments.timeout < float("inf")):
-        raise UsageError(
-            f"--timeout {arguments.timeout!r} must be positive", key="--timeout",
-            value=arguments.timeout,
-        )  # fmt: skip
 
 
 def build_comparison(arguments: argparse.Namespace) -> dict:
@@ -322,11 +324,22 @@ def render(comparison: dict, output_format: str) -> str:
     escape = _markdown if output_format == "markdown" else _terminal
     names = [escape(report["model"]) for report in comparison["models"]]
     rows = _rows(comparison)
+    beyond_context = any(value.endswith("(!)") for _, values in rows for value in values)
+    warnings = [
+        (report["model"], warning)
+        for report in comparison["models"]
+        for warning in report.get("warnings", [])
+    ]
     if output_format == "markdown":
         lines = [f"**Compared at** {_title(comparison)}.", ""]
         lines.append("| | " + " | ".join(names) + " |")
         lines.append("|---|" + "---:|" * len(names))
         lines += [f"| {label} | " + " | ".join(values) + " |" for label, values in rows]
+        if beyond_context:
+            lines += ["", f"(!) {BEYOND_CONTEXT}"]
+        if warnings:
+            lines += ["", "**Warnings**", ""]
+            lines += [f"- {_markdown(model)}: {_markdown(text)}" for model, text in warnings]
         return "\n".join(lines) + "\n"
     label_width = max(len(label) for label, _ in rows)
     widths = [
@@ -340,16 +353,11 @@ def render(comparison: dict, output_format: str) -> str:
     for label, values in rows:
         cells = "  ".join(value.rjust(w) for value, w in zip(values, widths, strict=True))
         lines.append(f"{label:<{label_width}}  {cells}")
-    warnings = [
-        f"{_terminal(report['model'])}: {_terminal(warning)}"
-        for report in comparison["models"]
-        for warning in report.get("warnings", [])
-    ]
-    if any(fits_row.endswith("(!)") for _, values in rows for fits_row in values):
-        lines += ["", "(!) beyond the model's context length: memory would allow it, the model "
-                  "was not trained for it"]  # fmt: skip
+    if beyond_context:
+        lines += ["", f"(!) {BEYOND_CONTEXT}"]
     if warnings:
-        lines += ["", "warnings"] + [f"  - {warning}" for warning in warnings]
+        lines += ["", "warnings"]
+        lines += [f"  - {_terminal(model)}: {_terminal(text)}" for model, text in warnings]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import math
 
 from keras_mha.cards import units
 from keras_mha.errors import UsageError
@@ -25,6 +26,8 @@ from keras_mha.errors import UsageError
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
 DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.memory.DEFAULT_PREFILL_CHUNK
+# The longest --timeout accepted (a day), as keras_mha.cards.hub accepts.
+MAX_TIMEOUT_SECONDS = 86400.0
 
 
 def _argparse_type(parse, flag: str):
@@ -71,6 +74,26 @@ def positive_int_type(flag: str):
 
     convert.__name__ = flag
     return convert
+
+
+def seconds_type(text: str) -> float:
+    """`--timeout`: a finite number of seconds in (0, `MAX_TIMEOUT_SECONDS`].
+
+    Example:
+        >>> seconds_type("2.5")
+        2.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number; expected seconds, e.g. 10 or 2.5"
+        ) from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is out of range; expected seconds in (0, {MAX_TIMEOUT_SECONDS:g}]"
+        )
+    return value
 
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,7 +164,9 @@ def memory_request(arguments: argparse.Namespace):
     from keras_mha.cards.gpus import find_gpu
     from keras_mha.cards.memory_report import MemoryRequest
 
-    gpu = find_gpu(arguments.gpu) if getattr(arguments, "gpu", None) else None
+    # `is not None`: an empty `--gpu ""` (an unset shell variable) is refused, not ignored.
+    name = getattr(arguments, "gpu", None)
+    gpu = find_gpu(name) if name is not None else None
     return MemoryRequest(
         weights_dtype=arguments.weights_dtype,
         prefill_chunk=arguments.prefill_chunk,
@@ -160,6 +185,7 @@ __all__ = [
     "memory_request",
     "memory_size_type",
     "positive_int_type",
+    "seconds_type",
     "seq_len_type",
     "seq_lens_type",
 ]

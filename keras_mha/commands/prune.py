@@ -188,16 +188,9 @@ def _check_arguments(arguments):
             key="--data",
         )
     if arguments.data is not None:
-        data = Path(arguments.data)
-        if not data.is_file():
-            from keras_mha.errors import PathError
+        from keras_mha.commands.prune_data import check_text_file
 
-            raise PathError(
-                f"--data: {arguments.data!r} "
-                + ("is a directory" if data.is_dir() else "does not exist")
-                + "; expected a plain text file",
-                path=arguments.data,
-            )
+        check_text_file(arguments.data)
     try:
         parse_size(arguments.max_shard_size)
     except ExportError as error:

@@ -26,7 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,13 @@ TOKENIZER_FILE_NAME = "tokenizer.json"
 # Reading stops once this many characters per wanted token were read (tokens are
 # rarely shorter than a character); bounds memory for a huge --data file.
 _CHARACTERS_PER_TOKEN_READ = 16
+# What `--data` cannot be: reading a device or socket never ends (or ends in garbage).
+_NOT_TEXT_FILES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 # An encoder batch is cut to its longest sentence, rounded up to a multiple of this, so
 # that padding columns no sentence of the batch needs are not computed, while compiled
 # backends (JAX's jit, tf.function) still see only a few distinct batch shapes.
@@ -84,19 +93,51 @@ def load_tokenizer(directory, *, argument="SOURCE"):
     return tokenizer
 
 
+def check_text_file(path, *, argument="--data") -> Path:
+    """`path` when it can be read as text: a regular file or a pipe (`<(zcat notes.gz)`).
+
+    Raises:
+        PathError: missing, a directory, a device (`/dev/zero`), a socket, or a path that
+            cannot be looked at (no permission, a name too long); one line naming `argument`.
+
+    Example:
+        >>> try:
+        ...     check_text_file("/dev/zero")
+        ... except OSError as error:
+        ...     print(error)
+        --data: '/dev/zero' is a character device; expected a plain text file
+    """
+    path = Path(path)
+    shown = repr(str(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise PathError(
+            f"{argument}: {shown} does not exist; expected a plain text file", path=str(path)
+        ) from None
+    except OSError as error:
+        raise PathError(
+            f"{argument}: cannot look at {shown} ({error.strerror or error})", path=str(path)
+        ) from None
+    kind = next((name for is_kind, name in _NOT_TEXT_FILES if is_kind(mode)), None)
+    if kind is not None:
+        raise PathError(
+            f"{argument}: {shown} is {kind}; expected a plain text file", path=str(path)
+        )
+    return path
+
+
 def read_text(path, *, max_characters=None, argument="--data"):
     """The text of a UTF-8 file (at most `max_characters` characters).
 
     Raises:
-        PathError: missing, a directory, unreadable, or not UTF-8 text.
+        PathError: missing, a directory or device, unreadable, or not UTF-8 text.
 
     Example:
         >>> read_text("README.md", max_characters=9)  # doctest: +SKIP
         '# keras-m'
     """
-    path = Path(path)
-    if path.is_dir():
-        raise PathError(f"{argument}: {str(path)!r} is a directory; expected a text file")
+    path = check_text_file(path, argument=argument)
     try:
         with path.open(encoding="utf-8") as handle:
             return handle.read() if max_characters is None else handle.read(max_characters)

@@ -41,6 +41,14 @@ def _static_int(value):
             return None  # Reading the value would break the graph.
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             return None  # Reading it back would stall the device's queue every step.
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if tf.is_tensor(value) and not tf.executing_eagerly():
+            # A constant in a graph (`tf.constant(7)` inside `tf.function`) is known when
+            # the step is traced, so an overrun is refused there rather than NaN at run time.
+            static = tf.get_static_value(value)
+            return None if static is None else int(static)
     try:
         return int(ops.convert_to_numpy(value))
     except Exception:  # A tracer (jax.jit, tf.function) has no value yet.
@@ -506,6 +514,8 @@ class GroupedQueryAttention(keras.layers.Layer):
             key_mask = _propagated_mask(key)
 
         validation.check_call_inputs(query, value, key)
+        if cache_index is not None:
+            validation.check_cache_index(cache_index)
         self._check_features("query", query, self._query_features)
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         use_fused = self._can_use_fused(return_attention_scores, training)

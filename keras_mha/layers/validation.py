@@ -223,3 +223,35 @@ def check_call_inputs(query, value, key):
             tf.shape(b)[axis],
             message=f"`{first}` and `{second}` must have the same {what}",
         )
+
+
+def check_cache_index(cache_index):
+    """Refuse a `cache_index` that is not an integer scalar: a Python or NumPy int, or a
+    0-D integer tensor (traced or not). A float or bool used to be truncated silently
+    (`2.5` wrote at 2), and a vector failed deep inside a backend kernel.
+
+    Example:
+        >>> check_cache_index(3)
+        >>> check_cache_index(2.5)
+        Traceback (most recent call last):
+        ValueError: `cache_index` must be an integer scalar (...); received 2.5.
+    """
+    if _is_bool(cache_index) or isinstance(cache_index, _INTEGER_TYPES):
+        if _is_bool(cache_index):
+            _refuse_cache_index(repr(cache_index))
+        return
+    dtype, shape = getattr(cache_index, "dtype", None), getattr(cache_index, "shape", None)
+    if dtype is None or shape is None:
+        _refuse_cache_index(f"{cache_index!r:.80}")
+    import keras
+
+    dtype = keras.backend.standardize_dtype(dtype)
+    if not dtype.startswith(("int", "uint")) or tuple(shape) != ():
+        _refuse_cache_index(f"a tensor of dtype {dtype} and shape {tuple(shape)}")
+
+
+def _refuse_cache_index(received):
+    raise ValueError(
+        "`cache_index` must be an integer scalar (a Python int or a 0-D integer tensor); "
+        f"received {received}."
+    )

@@ -7,7 +7,10 @@ is the only backend-specific code of the pruning package:
 - JAX: `model.stateless_call` with the gate values substituted into the
   non-trainable variable values, `jax.value_and_grad`, and `jax.jit` so that
   scoring many batches (or many masked heads) compiles once per batch shape
-  instead of dispatching every op eagerly.
+  instead of dispatching every op eagerly. The jitted pair is kept on the
+  model, keyed by its variables and the loss, so that every `GateLoss` of
+  the same model and loss (one per `head_importance` call, i.e. one per
+  `HeadPruning` step) reuses the compiled programs.
 - PyTorch: the model called inside a `keras.StatelessScope` that maps each
   gate variable to a leaf tensor with `requires_grad=True`; `torch.autograd.grad`.
 - TensorFlow: the same scope with gate tensors watched by a `tf.GradientTape`.
@@ -127,38 +130,10 @@ class GateLoss:
         )
 
     def _jax(self):
-        if self._jax_functions is not None:
-            return self._jax_functions
-        import jax
-
-        model, loss_fn = self.model, self.loss_fn
-        positions = {id(v): i for i, v in enumerate(model.non_trainable_variables)}
-        missing = [v.path for v in self.gate_variables if id(v) not in positions]
-        if missing:
-            raise ValueError(
-                f"The gate variables {missing} are not non-trainable variables of the model; "
-                "their layers must be tracked by the model."
+        if self._jax_functions is None:
+            self._jax_functions = _cached_jax_functions(
+                self.model, self.gate_variables, self.loss_fn
             )
-        gate_positions = [positions[id(v)] for v in self.gate_variables]
-        # `stateless_call` calls `model.call` directly, without the filtering of
-        # `__call__`: pass `training` only where `call` takes it.
-        parameters = inspect.signature(model.call).parameters
-        takes_training = "training" in parameters or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-        )
-        call_kwargs = {"training": False} if takes_training else {}
-
-        def loss_of_gates(gates, trainable, non_trainable, x, y, sample_weight):
-            non_trainable = list(non_trainable)
-            for position, gate in zip(gate_positions, gates, strict=True):
-                non_trainable[position] = gate
-            y_pred, _ = model.stateless_call(trainable, non_trainable, x, **call_kwargs)
-            return loss_fn(y, y_pred, sample_weight)
-
-        self._jax_functions = (
-            jax.jit(loss_of_gates),
-            jax.jit(jax.value_and_grad(loss_of_gates)),
-        )
         return self._jax_functions
 
     def _jax_gradients(self, gate_values, x, y, sample_weight):
@@ -166,6 +141,68 @@ class GateLoss:
 
         gates = [jnp.asarray(value) for value in gate_values]
         return self._jax()[1](gates, *self._jax_state(), x, y, sample_weight)
+
+
+# Attribute of the model holding its jitted gate-loss functions. Set with
+# `object.__setattr__` so that Keras's attribute tracking leaves it alone.
+_JAX_CACHE_ATTRIBUTE = "_keras_mha_gate_loss_functions"
+
+
+def _cached_jax_functions(model, gate_variables, loss_fn):
+    """`(jit(loss), jit(value_and_grad(loss)))` for this model, gates and loss, built once.
+
+    A new `jax.jit` of a new closure compiles again even for identical shapes,
+    so building them per `GateLoss` made every `head_importance` call (every
+    `HeadPruning` step) recompile the whole model. The key holds what the
+    traced function depends on beyond its arguments: the position of every
+    non-trainable variable (gates are substituted by position) and the loss.
+    Entries keep their loss object alive, so an `id` is never reused by
+    another object while its entry exists.
+    """
+    loss = getattr(loss_fn, "loss", loss_fn)  # `resolve_loss` wraps the user's loss.
+    key = (
+        tuple(id(v) for v in model.non_trainable_variables),
+        tuple(id(v) for v in gate_variables),
+        id(loss),
+    )
+    cache = getattr(model, _JAX_CACHE_ATTRIBUTE, None)
+    if cache is None:
+        cache = {}
+        object.__setattr__(model, _JAX_CACHE_ATTRIBUTE, cache)
+    entry = cache.get(key)
+    if entry is None:
+        entry = (loss, _build_jax_functions(model, gate_variables, loss_fn))
+        cache[key] = entry
+    return entry[1]
+
+
+def _build_jax_functions(model, gate_variables, loss_fn):
+    import jax
+
+    positions = {id(v): i for i, v in enumerate(model.non_trainable_variables)}
+    missing = [v.path for v in gate_variables if id(v) not in positions]
+    if missing:
+        raise ValueError(
+            f"The gate variables {missing} are not non-trainable variables of the model; "
+            "their layers must be tracked by the model."
+        )
+    gate_positions = [positions[id(v)] for v in gate_variables]
+    # `stateless_call` calls `model.call` directly, without the filtering of
+    # `__call__`: pass `training` only where `call` takes it.
+    parameters = inspect.signature(model.call).parameters
+    takes_training = "training" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+    call_kwargs = {"training": False} if takes_training else {}
+
+    def loss_of_gates(gates, trainable, non_trainable, x, y, sample_weight):
+        non_trainable = list(non_trainable)
+        for position, gate in zip(gate_positions, gates, strict=True):
+            non_trainable[position] = gate
+        y_pred, _ = model.stateless_call(trainable, non_trainable, x, **call_kwargs)
+        return loss_fn(y, y_pred, sample_weight)
+
+    return jax.jit(loss_of_gates), jax.jit(jax.value_and_grad(loss_of_gates))
 
 
 def gate_gradients(model, gate_variables, x, y=None, sample_weight=None, *, loss_fn):
