@@ -43,7 +43,6 @@ import numpy as np
 from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
 from keras_mha.layers import attention_kernels, kv_cache, masks
-from keras_mha.layers.linear import torch_linear
 
 # RotaryEmbedding layer -> {(rotary_dim, device): inverse frequencies as a tensor}.
 _FREQUENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -179,14 +178,16 @@ def _stored_value(variable):
     return variable.value if value is None else value
 
 
-def _project(inputs, kernel, bias, heads):
-    batch, length, features = inputs.shape
-    matrix = kernel.reshape(features, -1)
+def _project(rows, kernel, bias, shape):
+    """`rows` `(B * T, features)` through `kernel` `(features, heads, D)`: `(B, T, heads, D)`."""
+    import torch
+
+    matrix = kernel.reshape(rows.shape[1], -1)
     if bias is None:
-        out = inputs @ matrix
+        out = rows @ matrix
     else:  # One addmm, as the general path's `linear`.
-        out = torch_linear(inputs, matrix, bias.reshape(-1))
-    return out.view(batch, length, heads, -1)
+        out = torch.addmm(bias.reshape(-1), rows, matrix)
+    return out.view(*shape, kernel.shape[1], -1)
 
 
 def _rms_norm(layer, heads, scale):
@@ -240,23 +241,33 @@ def step(layer, query, cache, start, attention_mask, causal, outside_keras_scope
     import torch
 
     read = _stored_value if outside_keras_scopes else _keras_value
-    heads, kv_heads = layer.num_heads, layer.num_key_value_heads
+    heads = layer.num_heads
     use_bias = layer.use_bias
+    batch, query_length = query.shape[0], query.shape[1]
+    rows = query.reshape(batch * query_length, -1)  # once for the three projections
     q = _project(
-        query, read(layer.query_kernel), read(layer.query_bias) if use_bias else None, heads
+        rows,
+        read(layer.query_kernel),
+        read(layer.query_bias) if use_bias else None,
+        (batch, query_length),
     )
     k = _project(
-        query, read(layer.key_kernel), read(layer.key_bias) if use_bias else None, kv_heads
+        rows,
+        read(layer.key_kernel),
+        read(layer.key_bias) if use_bias else None,
+        (batch, query_length),
     )
     v = _project(
-        query, read(layer.value_kernel), read(layer.value_bias) if use_bias else None, kv_heads
+        rows,
+        read(layer.value_kernel),
+        read(layer.value_bias) if use_bias else None,
+        (batch, query_length),
     )
     if layer.use_qk_norm:
         q = _rms_norm(layer, q, read(layer.query_norm_scale))
         k = _rms_norm(layer, k, read(layer.key_norm_scale))
     if layer.use_rope:
         q, k = _rope(layer, (q, k), start)
-    batch, query_length = query.shape[0], query.shape[1]
     stop = start + query_length
     if query_length == 1:  # (B, 1, Hkv, D) into column `start` of (B, Hkv, S, D)
         cache.key.select(2, start).copy_(k.select(1, 0))
@@ -311,14 +322,18 @@ def step(layer, query, cache, start, attention_mask, causal, outside_keras_scope
 
 def _output(layer, attended, batch, query_length, read):
     """Head gates, then the output projection, as `GroupedQueryAttention._finish`."""
+    import torch
+
     gates = read(layer.head_gates)
     if not _all_ones(layer, gates):  # Gates at 1 (no pruning) leave the heads as they are.
         attended = attended * gates.to(attended.dtype)[:, None]
     kernel = read(layer.output_kernel).reshape(layer.num_heads * layer.head_dim, -1)
-    attended = attended.reshape(batch, query_length, -1)
+    rows = attended.reshape(batch * query_length, -1)
     if layer.use_output_bias:  # One addmm, as the general path's `linear`.
-        return torch_linear(attended, kernel, read(layer.output_bias))
-    return attended @ kernel
+        output = torch.addmm(read(layer.output_bias), rows, kernel)
+    else:
+        output = rows @ kernel
+    return output.view(batch, query_length, -1)
 
 
 # layer -> (its head_gates tensor, that tensor's in-place version and data pointer,
