@@ -166,6 +166,22 @@ def test_paired_ratio_pairs_calls_of_the_same_round():
 
 
 @pytest.mark.backend_independent
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_turns_give_every_entry_every_place_and_no_back_to_back_calls(count):
+    rounds = [bench.turn_order(count, r) for r in range(4 * count)]
+    calls = [index for order in rounds for index in order]
+    for order in rounds:
+        assert sorted(order) == list(range(count))
+    for place in range(count):  # each entry equally often at each place
+        assert sorted(order[place] for order in rounds) == sorted(list(range(count)) * 4)
+    back_to_back = [a for a, b in zip(calls, calls[1:], strict=False) if a == b]
+    if count > 2:
+        assert back_to_back == []
+    else:  # A B, B A, A B: both alike
+        assert abs(back_to_back.count(0) - back_to_back.count(1)) <= 1
+
+
+@pytest.mark.backend_independent
 def test_plan_groups_each_comparison():
     groups = bench.plan(bench.Config(cases=("mha", "decode")), keras_hub_installed=False)
     assert [[(e["implementation"], e["mode"]) for e in group] for group in groups] == [

@@ -454,6 +454,57 @@ class GroupedQueryAttention(keras.layers.Layer):
         return self.flash_attention is not False and not reasons
 
     # ------------------------------------------------------------------- call
+    def __call__(self, *args, **kwargs):
+        # An eager PyTorch decode step: when Keras's bookkeeping would hand the
+        # arguments to `call` unchanged, skip it (it costs as much as the step).
+        if eager_decode.skips_keras_call(self, args, kwargs):
+            if not self._called:
+                self._called = True
+            return self._call_decode_step(args[0], **kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def _call_decode_step(
+        self, query, cache, cache_index, attention_mask=None, use_causal_mask=None, training=None
+    ):
+        """`call` for the arguments `eager_decode.skips_keras_call` admits."""
+        self._check_features("query", query, self._query_features)
+        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
+        use_fused = self._can_use_fused(False, training)
+        result = self._eager_decode_step(
+            query, cache, cache_index, attention_mask, None, causal, use_fused, True
+        )
+        if result is not None:
+            return result
+        return self.call(
+            query,
+            attention_mask=attention_mask,
+            training=training,
+            use_causal_mask=use_causal_mask,
+            cache=cache,
+            cache_index=cache_index,
+        )
+
+    def _eager_decode_step(
+        self,
+        query,
+        cache,
+        cache_index,
+        attention_mask,
+        query_mask,
+        causal,
+        use_fused,
+        outside_keras_scopes=False,
+    ):
+        """The step in plain torch ops (eager_decode.py) where it applies, else None."""
+        start = _static_int(cache_index)
+        if not eager_decode.applies(self, query, cache, start, query_mask, causal, use_fused):
+            return None
+        cache = self._checked_cache(cache, query)
+        kv_cache.check_static_write(start, query.shape[1], cache.max_length)
+        return eager_decode.step(
+            self, query, cache, start, attention_mask, causal, outside_keras_scopes
+        )
+
     def call(
         self,
         query,
@@ -493,11 +544,11 @@ class GroupedQueryAttention(keras.layers.Layer):
         use_fused = self._can_use_fused(return_attention_scores, training)
         if cache is not None and cache_index is not None and self_attention:
             # Eager PyTorch decoding: the step in plain torch ops (eager_decode.py).
-            start = _static_int(cache_index)
-            if eager_decode.applies(self, query, cache, start, query_mask, causal, use_fused):
-                cache = self._checked_cache(cache, query)
-                kv_cache.check_static_write(start, query.shape[1], cache.max_length)
-                return eager_decode.step(self, query, cache, start, attention_mask, causal)
+            result = self._eager_decode_step(
+                query, cache, cache_index, attention_mask, query_mask, causal, use_fused
+            )
+            if result is not None:
+                return result
 
         q = self._project(query, self.query_kernel, getattr(self, "query_bias", None))
         if self.use_qk_norm:
@@ -744,7 +795,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         gates = ops.cast(self.head_gates, heads.dtype)
         kernel = self.output_kernel
         batch, length = heads.shape[0], heads.shape[1]
-        if isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:
+        if eager_decode.gates_are_ones(self):
+            pass  # Eager PyTorch, no head pruned: no copy of the kernel (or heads) times 1.
+        elif isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:
             # Gating the kernel (heads x head_dim x output_dim values) costs less
             # than gating the heads (batch x length x heads x head_dim values);
             # with the gates at 1 the products are exact, so the output is too.
