@@ -152,6 +152,11 @@ def test_cache_index_must_be_an_integer_scalar(index, received):
     cache = layer.init_cache(1, 8)
     with pytest.raises(ValueError, match=r"`cache_index` must be an integer scalar.*" + received):
         layer(x, cache=cache, cache_index=index)
+    if current_backend() == "torch":
+        import torch
+
+        with torch.no_grad(), pytest.raises(ValueError, match=r"`cache_index` must be an integer"):
+            layer(torch.ones((1, 2, FEATURES)), cache=cache, cache_index=index)  # the fast path
     layer(x, cache=cache, cache_index=np.int64(3))  # NumPy integers are integers
 
 

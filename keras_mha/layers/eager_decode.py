@@ -116,10 +116,11 @@ def skips_keras_call(layer, args, kwargs):
         return False
     if not all(isinstance(b, torch.Tensor) and b.dtype == query.dtype for b in cache):
         return False
+    # Anything but an integer index takes the general path, which refuses it.
     if isinstance(cache_index, torch.Tensor):
-        if cache_index.is_floating_point():
+        if cache_index.is_floating_point() or cache_index.dtype == torch.bool:
             return False
-    elif not isinstance(cache_index, (int, np.integer)):
+    elif isinstance(cache_index, bool) or not isinstance(cache_index, (int, np.integer)):
         return False
     mask = kwargs.get("attention_mask")
     if mask is not None and not (isinstance(mask, torch.Tensor) and not mask.is_floating_point()):
