@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -261,6 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         return _internal_error(error, secrets)
     except Exception as error:  # noqa: BLE001 - the last line of defence: one line, exit 70
         _debug_traceback(debug, secrets)
+        if _is_unknown_keras_backend(error):
+            backend = os.environ.get("KERAS_BACKEND")
+            where = f"KERAS_BACKEND={backend!r}" if backend else "~/.keras/keras.json's backend"
+            return _fail(
+                f"{where} is not a Keras backend Keras can import ({error}); set KERAS_BACKEND "
+                "to jax, tensorflow or torch",
+                UsageError.exit_code,
+                secrets,
+            )
         return _internal_error(error, secrets)
 
 
@@ -317,6 +327,11 @@ def _describe_os_error(error: OSError) -> str:
         _silence_stdout()  # most likely stdout; Python would fail again flushing it at exit
         return f"cannot write the output: {reason}"
     return f"cannot read or write as asked: {reason}"
+
+
+def _is_unknown_keras_backend(error: BaseException) -> bool:
+    """`import keras` with a backend name Keras does not know (`KERAS_BACKEND=jaxx`)."""
+    return isinstance(error, ValueError) and str(error).startswith("Unable to import backend")
 
 
 def _internal_error(error: BaseException, secrets) -> int:
@@ -386,7 +401,6 @@ def _flush_stdout() -> None:
 def _inspect(arguments: argparse.Namespace) -> int:
     from keras_mha.cards.hub import load_config
     from keras_mha.commands.options import memory_request
-    from keras_mha.errors import ConfigError
 
     # Resolved before any loading, so a bad --gpu fails at once (UsageError, exit 2).
     arguments.memory_request = memory_request(arguments)
@@ -406,12 +420,8 @@ def _inspect(arguments: argparse.Namespace) -> int:
     except KerasMHAError as error:
         error.message = f"{arguments.model}: {error.message}"
         raise
-    except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as error:
-        # Raised while normalising a config that is valid JSON but not a model we can read.
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        raise ConfigError(
-            f"{arguments.model}: cannot describe this config: {message}", model_id=loaded.model_id
-        ) from error
+    # Anything else is a bug (every config value is validated into a ConfigError): `main`
+    # reports it as an internal error (exit 70), not as a fault of the config.
     write_stdout(rendered)
     return 0
 
@@ -503,11 +513,25 @@ def _run_bench(argv: list[str]) -> int:
             message = f"bench {target}: needs the package {error.name!r}, which is not installed"
         return _fail(message, MissingDependencyError.exit_code)
     try:
-        return int(getattr(module, function_name)(argv) or 0)
+        with _one_line_argparse_errors():
+            return int(getattr(module, function_name)(argv) or 0)
     except KerasMHAError as error:
         return _fail(f"bench {target}: {error}", error.exit_code)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _one_line_argparse_errors():
+    """While a benchmark parses its flags with plain argparse (it also runs standalone, as
+    `python -m ...`, where argparse's usage block is right), a bad flag raises `UsageError`
+    like every other subcommand's instead of printing usage lines."""
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = ArgumentParser.error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original
 
 
 # `bench` targets: (module, function taking argv and returning the exit status), imported lazily.

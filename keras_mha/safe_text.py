@@ -5,7 +5,8 @@ an exception from an HTTP client that names the URL (with `user:password@` in it
 string from a stranger's `config.json`. Before such text reaches a terminal it passes
 through here:
 
-- `redact_secrets` replaces passwords in URLs (`https://user:***@host`), query strings
+- `redact_secrets` replaces passwords in URLs (`https://user:***@host`; a user name with
+  no password, often a token, entirely: `https://***@host`), query strings
   (`?***`), `Bearer` tokens, Hugging Face tokens (`hf_...`) and any secret the caller
   names (the token in use) with `***`.
 - `visible` turns every character a terminal would act on (C0/C1 controls, ESC,
@@ -33,6 +34,8 @@ REDACTED = "***"
 
 # userinfo in a URL: scheme://user:password@host -> scheme://user:***@host
 _URL_PASSWORD = re.compile(r"(?P<prefix>[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
+# userinfo without a password is often the token itself (https://TOKEN@host): all of it.
+_URL_USER_ONLY = re.compile(r"(?P<prefix>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+@")
 # A query string may carry a signature or a token (signed CDN URLs, ?token=...).
 _URL_QUERY = re.compile(r"(?P<prefix>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#]*)\?[^\s#]*")
 _BEARER = re.compile(r"(?i)(?P<prefix>\b(?:bearer|basic|token)[\s:=]+)[A-Za-z0-9._~+/=-]{6,}")
@@ -64,6 +67,7 @@ def redact_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
     for secret in sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len)[::-1]:
         text = text.replace(secret, REDACTED)
     text = _URL_PASSWORD.sub(lambda match: f"{match['prefix']}:{REDACTED}@", text)
+    text = _URL_USER_ONLY.sub(lambda match: f"{match['prefix']}{REDACTED}@", text)
     text = _URL_QUERY.sub(lambda match: f"{match['prefix']}?{REDACTED}", text)
     text = _BEARER.sub(lambda match: f"{match['prefix']}{REDACTED}", text)
     return _HF_TOKEN.sub(REDACTED, text)

@@ -259,6 +259,24 @@ def test_a_warning_during_a_command_is_one_line_without_source_lines(capsys, mon
     assert warnings.showwarning.__module__ == "warnings"  # Python's own display is back
 
 
+def test_a_bad_benchmark_flag_is_one_line_like_every_other_subcommand(capsys):
+    code, out, err = run_cli(capsys, "bench", "layers", "--frobnicate")
+    assert code == 2 and out == ""
+    assert_one_error_line(err, "bench layers: unrecognized arguments: --frobnicate")
+    assert argparse.ArgumentParser.error is not cli.ArgumentParser.error  # restored
+
+
+def test_an_unknown_keras_backend_is_one_line_with_the_fix(capsys, monkeypatch):
+    def import_keras(*args):
+        raise ValueError("Unable to import backend : jaxx")  # what `import keras` raises
+
+    monkeypatch.setenv("KERAS_BACKEND", "jaxx")
+    monkeypatch.setattr(cli, "_render", import_keras)
+    code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
+    assert code == 2
+    assert_one_error_line(err, "KERAS_BACKEND='jaxx' is not a Keras backend", "jax, tensorflow")
+
+
 def test_a_missing_optional_package_is_one_line(capsys, monkeypatch):
     def need_matplotlib(*args):
         import matplotlib_that_is_not_installed  # noqa: F401

@@ -140,8 +140,11 @@ def test_parts_add_up_to_the_total():
         "lm_head",
         "other",
         "active",
+        "vision",
     }
-    assert counts.other > 400_000_000  # the SigLIP vision tower and projector
+    assert counts.other == counts.vision > 400_000_000  # the SigLIP vision tower and projector
+    with pytest.raises(ValueError, match=r"vision=2 must be in \[0, other=1\]"):
+        ParameterCounts(2, 1, 0, 0, 0, 0, 1, None, vision=2)
 
 
 # -- KV cache -----------------------------------------------------------------------------------

@@ -139,6 +139,15 @@ def count_attention_parameters(model) -> int:
     return total
 
 
+def count_vision_parameters(model) -> int:
+    """Parameters of the vision tower and the multimodal projector (0 for a text model)."""
+    return sum(
+        parameter.numel()
+        for name, parameter in model.named_parameters()
+        if "vision_tower" in name or "multi_modal_projector" in name
+    )
+
+
 @pytest.mark.parametrize("card_id", CARD_IDS)
 def test_parameter_counts_match_transformers_on_meta(card_id):
     raw = load_card(card_id)
@@ -146,6 +155,7 @@ def test_parameter_counts_match_transformers_on_meta(card_id):
     model = build_on_meta(raw)
     assert counts.total == count_parameters(model)
     assert counts.attention == count_attention_parameters(model)
+    assert counts.vision == count_vision_parameters(model)
 
 
 # Flags the bundled cards leave at their defaults, each flipped on a card's config.
@@ -209,6 +219,7 @@ def test_parameter_counts_match_transformers_for_variants(card_id, overrides):
     model = build_on_meta(raw)
     assert counts.total == count_parameters(model)
     assert counts.attention == count_attention_parameters(model)
+    assert counts.vision == count_vision_parameters(model)
 
 
 def test_gemma3_vision_head_counts_match_transformers():

@@ -137,6 +137,9 @@ def test_secrets_are_redacted():
     for secret in ("hunter2", "X-Amz-Signature=abc", "hf_abcdefghijklmnopqrstu", "custom-secret"):
         assert secret not in redacted
     assert "https://bob:***@hub.example/x?***" in redacted
+    assert redact_secrets("at https://ghp_tokenAsUser@mirror.example/org") == (
+        "at https://***@mirror.example/org"
+    )
 
 
 def test_control_characters_become_visible():

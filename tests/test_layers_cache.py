@@ -367,3 +367,113 @@ def test_chunked_steps_equal_full_causal_pass(window, rotary_factor):
                 out, cache = layer(x[:, start:stop], cache=cache, cache_index=start)
                 outputs.append(ops.convert_to_numpy(out))
         np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+
+
+# ------------------------------------------------- variable cache (TensorFlow)
+def _step_function(layer, cache):
+    """A `tf.function(jit_compile=True)` step on a variable cache that it does not return."""
+    import tensorflow as tf
+
+    @tf.function(jit_compile=True)
+    def step(tokens, index):
+        output, returned = layer(tokens, cache=cache, cache_index=index)
+        # The same variables, written in place.
+        assert all(new is old for new, old in zip(returned, cache, strict=True))
+        return output
+
+    return step
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow builds variable caches")
+def test_variable_cache_is_refused_where_the_default_is_already_in_place():
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(random_inputs(1, 2, 16))
+    expected = "donate_argnums" if BACKEND == "jax" else "already written in place"
+    with pytest.raises(
+        ValueError, match=rf"`variables=True`.*TensorFlow.*on {BACKEND}.*{expected}"
+    ):
+        layer.init_cache(1, 8, variables=True)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="variable caches are TensorFlow's")
+def test_variable_cache_equals_functional_cache_and_full_pass():
+    import tensorflow as tf
+
+    x = random_inputs(2, 9, 16)
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True, use_rope=True, sliding_window=5)
+    layer(x)
+    randomise(layer)
+    full = ops.convert_to_numpy(layer(x))
+    expected, functional = decode_incrementally(layer, x, 4, 12)
+    cache = layer.init_cache(2, 12, variables=True)
+    assert cache.in_place and all(isinstance(b, tf.Variable) for b in cache)
+    assert not any(b.trainable for b in cache) and not layer.non_trainable_weights[1:]
+    output, returned = layer(x[:, :4], cache=cache, cache_index=0)  # eager prefill
+    assert all(new is old for new, old in zip(returned, cache, strict=True))
+    step = _step_function(layer, cache)
+    outputs = [ops.convert_to_numpy(output)]
+    for position in range(4, 9):
+        index = ops.convert_to_tensor(position, "int32")
+        outputs.append(ops.convert_to_numpy(step(x[:, position : position + 1], index)))
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-6)
+    for variable, buffer in zip(cache, functional, strict=True):
+        np.testing.assert_allclose(variable.numpy(), ops.convert_to_numpy(buffer), atol=1e-6)
+    assert step.experimental_get_tracing_count() == 1
+    # A keras.Variable holding the buffers is written in place too (eager call).
+    wrapped = [keras.Variable(np.zeros((2, 2, 12, 4), "float32"), trainable=False) for _ in "kv"]
+    layer(x[:, :4], cache=tuple(wrapped), cache_index=0)
+    np.testing.assert_allclose(wrapped[0].numpy()[:, :, :4], cache.key.numpy()[:, :, :4])
+    with pytest.raises(ValueError, match="both be variables"):
+        layer(x[:, :1], cache=(cache.key, functional.value), cache_index=4)
+    with pytest.raises(ValueError, match="outside the traced function"):
+        tf.function(lambda: layer.init_cache(2, 12, variables=True).key)()
+    with pytest.raises(ValueError, match="`variables` must be True or False"):
+        layer.init_cache(2, 12, variables="yes")
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="variable caches are TensorFlow's")
+def test_variable_cache_overruns():
+    x = ops.convert_to_tensor(random_inputs(1, 6, 16))
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    cache = layer.init_cache(1, 6, variables=True)
+    layer(x[:, :4], cache=cache, cache_index=0)
+    before = [buffer.numpy().copy() for buffer in cache]
+    for index in (5, -1):  # refused when known, NaN and untouched when traced
+        with pytest.raises(ValueError, match=rf"`cache_index`={index} overruns.*max_length is 6"):
+            layer(x[:, 4:6], cache=cache, cache_index=index)
+        output = _step_function(layer, cache)(x[:, 4:6], ops.convert_to_tensor(index, "int32"))
+        assert np.all(np.isnan(ops.convert_to_numpy(output)))
+        for buffer, old in zip(cache, before, strict=True):
+            np.testing.assert_array_equal(buffer.numpy(), old)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="variable caches are TensorFlow's")
+def test_compiled_variable_step_never_copies_the_cache():
+    """In XLA's optimised HLO, the cache is only ever a parameter aliased to an output,
+    updated by a scatter and read through free reshapes: no copy of it per step."""
+    import re
+
+    x = random_inputs(1, 3, 16)
+    layer = GroupedQueryAttention(4, 2, head_dim=8, causal=True)
+    layer(x)
+    cache = layer.init_cache(1, 96, variables=True)
+    step = _step_function(layer, cache)
+    hlo = step.experimental_get_compiler_ir(x[:, :1], ops.convert_to_tensor(3, "int32"))(
+        stage="optimized_hlo"
+    )
+    assert "input_output_alias" in hlo.splitlines()[0]
+    entry = hlo[hlo.index("\nENTRY") :]
+    # Every instruction making a buffer the size of the cache, (1, 2, 96, 8) or a
+    # reshape / transpose of it: `%name = f32[dims]{layout} opcode(operands)`.
+    instruction = re.compile(r"^\s*(?:ROOT )?%\S+ = f32\[([\d,]+)\]\{[\d,]*\} ([\w-]+)\(")
+    producers = []
+    for line in entry.splitlines():
+        match = instruction.match(line)
+        if match and np.prod([int(d) for d in match.group(1).split(",")]) == 2 * 96 * 8:
+            producers.append(match.group(2))
+    kinds = {p for p in producers if p not in ("parameter", "bitcast")}
+    assert kinds == {"fusion"}, producers
+    scatters = [line for line in entry.splitlines() if "scatter" in line and "fusion(" in line]
+    assert len(scatters) == 2 and producers.count("fusion") == 2, producers

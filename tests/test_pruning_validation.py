@@ -3,6 +3,7 @@ NaN / infinite scores, labels outside the model's classes, head indices that are
 not integers in range, negative or NaN arguments. Every refusal leaves the
 model untouched."""
 
+import importlib.util
 import math
 import warnings
 
@@ -23,6 +24,7 @@ from keras_mha.pruning import (
     heads_to_prune,
     model_attention_flops,
     prune_heads,
+    save_head_heatmap,
     set_head_gates,
 )
 from keras_mha.pruning.policy import (
@@ -283,10 +285,22 @@ def test_numpy_integer_indices_are_fine_and_heads_must_be_a_dict():
     assert (find_mha(model).num_heads, model.get_layer("gqa").num_heads) == (2, 2)
 
 
-def test_set_head_gates_refuses_nan_gates_before_writing():
+def test_gates_recompile_and_heatmap_refuse_nan_negative_or_non_bool_values(tmp_path):
     model = functional_model()
     with pytest.raises(PruningError, match=r"`gates\['gqa'\]`=\[1.0, nan, 1.0, 1.0\] has non"):
         set_head_gates(model, {"mha": [0, 1, 1, 1], "gqa": [1, np.nan, 1, 1]})
+    with pytest.raises(PruningError, match=r"=\[1, -1, 1, 1\] has non-finite or negative"):
+        set_head_gates(model, {"mha": [1, -1, 1, 1]})
+    with pytest.raises(PruningError, match=r"`recompile` must be True or False; received nan"):
+        prune_heads(model, heads={"mha": [0]}, recompile=NAN)
+    if importlib.util.find_spec("matplotlib"):
+        with pytest.raises(PruningError, match=r"`importance\['mha'\]` has non-finite scores"):
+            save_head_heatmap(
+                tmp_path / "heads.png",
+                {"mha": [1.0, NAN, 1.0, 1.0], "gqa": [1.0] * 4},
+                get_head_gates(model),
+            )
+        assert list(tmp_path.iterdir()) == []
     assert all((values == 1).all() for values in get_head_gates(model).values())
 
 
@@ -312,6 +326,9 @@ NAN = float("nan")
         (dict(batch_size=NAN), r"`batch_size` must be a positive integer; received nan"),
         (dict(max_batches=0), r"`max_batches` must be a positive integer or None; received 0"),
         (dict(max_batches=2.5), r"`max_batches` must be .*; received 2.5"),
+        (dict(verbose=-1), r"`verbose` must be an integer >= 0; received -1"),
+        (dict(verbose=NAN), r"`verbose` must be an integer >= 0; received nan"),
+        (dict(remove_at_end=NAN), r"`remove_at_end` must be True or False; received nan"),
     ],
 )
 def test_negative_or_nan_arguments_are_refused(kwargs, message):

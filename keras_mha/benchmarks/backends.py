@@ -246,6 +246,21 @@ def layer_step(layer, call=None):
     return (lambda params, token, cache, index: call(layer, token, cache, index)), params
 
 
+def in_place_step(step, cache):
+    """`step` on a cache of variables updated in place (keras-mha's TensorFlow serving path).
+
+    The compiled step reads the variables from here and does not return them
+    (a variable returned by a `tf.function` comes back as a copy), as the
+    reference's step does with its own.
+    """
+
+    def run(params, token, state, index):
+        output, _ = step(params, token, cache, index)
+        return output, state
+
+    return run
+
+
 def keras_hub_step(fn, token, cache, index):
     """keras-hub's `CachedMultiHeadAttention` step, masked to positions <= index (as its models)."""
     from keras import ops

@@ -8,7 +8,8 @@ one), with the same weights and inputs:
   `GroupQueryAttention` and a hand-written `reference` (the projections as
   matmuls plus the backend's fused kernel, `keras_mha.benchmarks.backends`);
 - `decode`: one cached decode step at `--decode-context` through the layer's
-  public cache API (`init_cache`, `layer(x, cache=..., cache_index=...)`)
+  public cache API (`init_cache`, `layer(x, cache=..., cache_index=...)`; on
+  TensorFlow the documented serving path, `init_cache(..., variables=True)`)
   against the hand-written in-place reference step, keras-mha's MHA step
   beside keras-hub's `CachedMultiHeadAttention` at the same MHA shapes, and
   recomputing all context + 1 tokens.
@@ -320,6 +321,8 @@ def prepare(entry: dict, config: Config) -> _Prepared:
             layer, backends.keras_hub_step if implementation == KERAS_HUB else None
         )
         state = _prefilled_cache(layer, implementation, prefill, context + 1)
+        if getattr(state, "in_place", False):
+            step, state = backends.in_place_step(step, state), ()
     run = backends.compile_step(step, **options)
     holder = {"state": state}
 
@@ -352,8 +355,12 @@ def _prefilled_cache(layer, implementation, prefill, max_length):
             cache = keras.ops.zeros(shape, layer.compute_dtype)
             _, cache = layer(prefill, prefill, cache=cache, cache_update_index=0)
         else:
-            cache = layer.init_cache(batch, max_length)
+            # TensorFlow serves from a cache of variables, updated in place.
+            variables = keras.backend.backend() == "tensorflow"
+            cache = layer.init_cache(batch, max_length, variables=variables)
             _, cache = layer(prefill, cache=cache, cache_index=0)
+            if variables:
+                return cache
     return keras.tree.map_structure(keras.ops.stop_gradient, cache)
 
 

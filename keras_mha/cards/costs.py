@@ -13,7 +13,9 @@ once), split into:
 - `lm_head`: an untied output projection and its bias, or BERT's MLM head;
 - `other`: what is none of these (BERT's pooler, Jamba's Mamba mixers, a vision
   tower and its projector);
-- `active` (MoE only): the total minus the experts a token does not use.
+- `active` (MoE only): the total minus the experts a token does not use;
+- `vision`: the part of `other` that is a multimodal model's vision tower (CLIP, SigLIP)
+  and projector, as transformers instantiates them (0 for a text-only model).
 
 KV cache (`kv_cache_cost`) counts, for every layer that holds attention, the key and
 value elements cached per token: `num_key_value_heads * head_dim` each, capped at the
@@ -75,6 +77,7 @@ class ParameterCounts:
     lm_head: int
     other: int
     active: int | None
+    vision: int = 0
 
     def __post_init__(self):
         parts = self.attention + self.embeddings + self.mlp + self.norms + self.lm_head
@@ -84,6 +87,8 @@ class ParameterCounts:
             )
         if self.active is not None and not 0 < self.active <= self.total:
             raise ValueError(f"active={self.active} must be in (0, total={self.total}]")
+        if not 0 <= self.vision <= self.other:
+            raise ValueError(f"vision={self.vision} must be in [0, other={self.other}]")
 
     def as_dict(self) -> dict:
         """The counts as a plain dict (JSON-ready).
@@ -390,8 +395,8 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
             lm_head += _linear(hidden, spec.vocab_size, True)
     if spec.pooler:
         other += _linear(hidden, hidden, True)
-    if spec.vision is not None:
-        other += _vision_tower(spec)
+    vision = _vision_tower(spec) if spec.vision is not None else 0
+    other += vision
 
     total = attention + embeddings + mlp + norms + lm_head + other
     active = None
@@ -408,6 +413,7 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
         lm_head=lm_head,
         other=other,
         active=active,
+        vision=vision,
     )
 
 

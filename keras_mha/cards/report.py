@@ -10,7 +10,8 @@ The report's core keys are fixed by the README ("JSON output") and never change 
 
 Extra keys add detail: `revision`, `commit`, `source_note`, `architecture`,
 `context_length`, `attention.num_hidden_layers`, `attention.hidden_size`,
-`parameters.active` (MoE, else null), `parameters.breakdown`, `kv_cache_by_seq_len`
+`parameters.active` (MoE, else null), `parameters.breakdown`, `parameters.vision`
+(multimodal vision tower + projector, else null), `kv_cache_by_seq_len`
 (one `kv_cache`-shaped entry per requested length, in the order asked),
 `bundled_card` (provenance of a bundled snapshot) and `warnings`.
 
@@ -50,6 +51,8 @@ KV_CACHE_KEYS = (
     "mha_equivalent_bytes",
 )
 PARAMETER_BREAKDOWN_KEYS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
+# The row under `other` that says how much of it is a multimodal model's vision side.
+VISION_LABEL = "of which vision tower + projector"
 LAYER_KINDS = ("full", "sliding", "none")
 
 # Config keys that hold the context length, in the order the families use them.
@@ -164,6 +167,8 @@ def build_report(
             "attention": counts.attention,
             "active": counts.active,
             "breakdown": {key: count_values.get(key) for key in PARAMETER_BREAKDOWN_KEYS},
+            # Multimodal: the vision tower and projector, inside `breakdown.other`.
+            "vision": counts.vision if spec.vision is not None else None,
         },
         "kv_cache": dict(kv_by_seq_len[-1]),
         "kv_cache_by_seq_len": kv_by_seq_len,
@@ -393,6 +398,8 @@ def render_table(report: dict) -> str:
         for name, value in breakdown.items()
         if value is not None and (value or name != "other")
     ]
+    if parameters.get("vision"):
+        parameter_rows.append((f"    {VISION_LABEL}", parameters["vision"]))
     name_width = max(len(name) for name, _ in parameter_rows)
     total = parameters["total"] or 0
     for name, value in parameter_rows:
@@ -549,6 +556,10 @@ def render_markdown(report: dict) -> str:
             continue
         share = f"{value / total:.1%}" if total else "-"
         lines.append(f"| {name.replace('_', ' ')} | {format_count(value)} | {value:,} | {share} |")
+    if parameters.get("vision"):
+        vision = parameters["vision"]
+        share = f"{vision / total:.1%}" if total else "-"
+        lines.append(f"| {VISION_LABEL} | {format_count(vision)} | {vision:,} | {share} |")
 
     lines += ["", "## KV cache", ""]
     if kv.get("applicable") is False:

@@ -1,4 +1,9 @@
-"""One query token against the KV cache, written so that XLA on CPU reads the cache once.
+"""Query tokens against the KV cache, written so that XLA on CPU reads the cache once.
+
+Two paths, each for the backend where it was measured faster than the grouped einsum
+of `attention_kernels.grouped_attention`: `flat_cache_attention` on TensorFlow (two
+flat matmuls that read the cache in place, with a variable cache updated by a scatter:
+see `kv_cache.py`), and `single_query_attention` on JAX's CPU backend, below.
 
 The general path computes the logits and the weighted values as batched matmuls
 (`einsum`). On XLA's CPU backend a matmul operand is a *reshaped* view of the cache
@@ -29,6 +34,59 @@ import keras
 from keras import ops
 
 _MASKED_LOGIT = -1e30
+
+
+def applies_flat(query, key):
+    """Whether `flat_cache_attention` is the path for this step (XLA on TensorFlow)."""
+    return keras.backend.backend() == "tensorflow" and query.shape[2] is not None
+
+
+def flat_cache_attention(query, key, value, mask, *, scale, rows_may_be_empty=True):
+    """Attention of `(B, T, H, D)` queries over a heads-first cache as two flat matmuls.
+
+    `key`, `value` `(B, Hkv, S, D)` are read as `(B * Hkv, S, D)` (a free
+    reshape of the cache as it lies) by a matmul against the queries grouped
+    per KV head `(B * Hkv, G * T, D)`, contracting the cache's last axis, and
+    the weights `(B * Hkv, G * T, S)` by a matmul against the values. XLA's
+    CPU compiler reads the cache in place through both; the grouped einsum
+    of `attention_kernels.grouped_attention` made it copy the keys
+    transposed at every step. `mask` is None or boolean, broadcastable to
+    `(B, 1 | H, T, S)`; the softmax is in float32 and a row with nothing to
+    attend gives zeros. Returns `(B, T, H, Dv)` in the dtype of `value`.
+    """
+    shape = ops.shape(query)
+    batch, length = shape[0], shape[1]
+    num_heads, head_dim = query.shape[2], query.shape[3]
+    kv_heads, max_length = key.shape[1], key.shape[2]
+    groups = num_heads // kv_heads
+    # (B, T, H, D) -> (B, Hkv, G, T, D) -> (B * Hkv, G * T, D).
+    grouped = ops.reshape(
+        query * ops.cast(scale, query.dtype), (batch, length, kv_heads, groups, head_dim)
+    )
+    grouped = ops.reshape(ops.transpose(grouped, (0, 2, 3, 1, 4)), (-1, groups * length, head_dim))
+    flat_key = ops.reshape(key, (-1, max_length, head_dim))
+    logits = ops.cast(ops.einsum("bqd,bsd->bqs", grouped, flat_key), "float32")
+    logits = ops.reshape(logits, (batch, kv_heads, groups, length, max_length))
+    grouped_mask = None
+    if mask is not None:
+        # (B|1, 1|H, T, S) -> (B|1, 1|Hkv, 1|G, T, S).
+        if mask.shape[1] == 1:
+            grouped_mask = mask[:, :, None]
+        else:
+            grouped_mask = ops.reshape(
+                mask, (ops.shape(mask)[0], kv_heads, groups, mask.shape[2], mask.shape[3])
+            )
+        logits = ops.where(grouped_mask, logits, _MASKED_LOGIT)
+    weights = ops.softmax(logits, axis=-1)
+    if grouped_mask is not None and rows_may_be_empty:
+        weights = ops.where(ops.any(grouped_mask, axis=-1, keepdims=True), weights, 0.0)
+    weights = ops.reshape(ops.cast(weights, value.dtype), (-1, groups * length, max_length))
+    flat_value = ops.reshape(value, (-1, max_length, value.shape[-1]))
+    output = ops.einsum("bqs,bsd->bqd", weights, flat_value)
+    # (B * Hkv, G * T, Dv) -> (B, Hkv, G, T, Dv) -> (B, T, H, Dv).
+    output = ops.reshape(output, (batch, kv_heads, groups, length, value.shape[-1]))
+    output = ops.transpose(output, (0, 3, 1, 2, 4))
+    return ops.reshape(output, (batch, length, num_heads, value.shape[-1]))
 
 
 def applies(query, key):

@@ -127,7 +127,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         cache: KV cache from `init_cache` for self-attention decoding, or from
             `compute_cross_attention_cache` for cross-attention: a
             `KVCache(key, value)` pair, each `(batch, num_key_value_heads,
-            max_length, head_dim)`.
+            max_length, head_dim)`; on TensorFlow, a cache of variables from
+            `init_cache(..., variables=True)` is updated in place and returned
+            as it is.
         cache_index: position of the first query token when decoding with a
             self-attention cache; the new keys/values are written there.
             None with a cache means the cache is read-only (cross-attention).
@@ -226,7 +228,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.seed = seed
+        self.seed = validation.optional_int("seed", seed)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.rotary_embedding = (
             RotaryEmbedding(
@@ -346,7 +348,7 @@ class GroupedQueryAttention(keras.layers.Layer):
                 f"was built for {expected}."
             )
 
-    def init_cache(self, batch_size, max_length, dtype=None):
+    def init_cache(self, batch_size, max_length, dtype=None, *, variables=False):
         """A zero KV cache for self-attention decoding of up to `max_length` tokens.
 
         Returns a `KVCache(key, value)` pair (a NamedTuple, so a pytree / nest
@@ -356,10 +358,20 @@ class GroupedQueryAttention(keras.layers.Layer):
         the layer returns. Its shape never changes while decoding, so a compiled
         decode step compiles once. Only the KV heads are stored.
 
-        On PyTorch the buffers are updated in place (outside autograd: under
-        `torch.no_grad()` or when nothing requires a gradient); elsewhere the
-        layer returns updated buffers, which XLA writes in place when the cache
-        is donated (`jax.jit(step, donate_argnums=...)`).
+        No decode step copies the whole cache, on the documented serving path
+        of each backend (see `kv_cache.py`):
+
+        - PyTorch: the buffers are updated in place (outside autograd: under
+          `torch.no_grad()` or when nothing requires a gradient);
+        - JAX: the layer returns updated buffers, which XLA writes in place
+          when the step donates the cache (`jax.jit(step, donate_argnums=...)`);
+        - TensorFlow: `variables=True` makes the buffers `tf.Variable`s, which
+          a step inside `tf.function(jit_compile=True)` assigns in place; the
+          layer returns the same cache. A TensorFlow function cannot donate
+          tensors, so with the default cache XLA copies it at every step.
+          Create the variable cache outside the `tf.function`, pass it in, and
+          keep your handle rather than returning the cache from the function
+          (a returned variable comes back as a copy of its value).
 
         Args:
             batch_size: rows of the batch to decode.
@@ -367,6 +379,9 @@ class GroupedQueryAttention(keras.layers.Layer):
             dtype: the buffers' dtype; None or the layer's compute dtype
                 (Keras converts floating call arguments to the compute dtype,
                 so a cache of another dtype would be copied at every step).
+            variables: TensorFlow only: non-trainable `tf.Variable` buffers,
+                updated in place. Refused (`ValueError`) on JAX and PyTorch,
+                and inside a `tf.function`.
 
         Example:
             >>> layer = GroupedQueryAttention(8, 2, head_dim=16)
@@ -374,6 +389,14 @@ class GroupedQueryAttention(keras.layers.Layer):
             >>> cache = layer.init_cache(batch_size=1, max_length=32)
             >>> tuple(cache.key.shape), tuple(cache.value.shape)
             ((1, 2, 32, 16), (1, 2, 32, 16))
+
+            Serving on TensorFlow (the variables are created once, outside):
+
+            >>> cache = layer.init_cache(1, 32, variables=True)  # doctest: +SKIP
+            >>> @tf.function(jit_compile=True)  # doctest: +SKIP
+            ... def step(token, index):
+            ...     output, _ = layer(token, cache=cache, cache_index=index)
+            ...     return output  # the cache stays in its variables
         """
         if not self.built:
             raise ValueError(
@@ -388,9 +411,9 @@ class GroupedQueryAttention(keras.layers.Layer):
                 f"`dtype` of a KV cache must be the layer's compute dtype "
                 f"{self.compute_dtype!r} (or None); received {dtype!r}."
             )
-        return kv_cache.KVCache.zeros(
-            batch_size, self.num_key_value_heads, max_length, self.head_dim, dtype
-        )
+        validation.flag("variables", variables)
+        make = kv_cache.KVCache.variables if variables else kv_cache.KVCache.zeros
+        return make(batch_size, self.num_key_value_heads, max_length, self.head_dim, dtype)
 
     def compute_cross_attention_cache(self, value, key=None):
         """Project encoder outputs once into a read-only cross-attention cache.
@@ -729,6 +752,11 @@ class GroupedQueryAttention(keras.layers.Layer):
         rows_may_be_empty = attention_mask is not None or query_mask is not None
         if decode_attention.applies(q, keys):
             heads = decode_attention.single_query_attention(
+                q, keys, values, mask, scale=scale, rows_may_be_empty=rows_may_be_empty
+            )
+            return heads, None
+        if decode_attention.applies_flat(q, keys):
+            heads = decode_attention.flat_cache_attention(
                 q, keys, values, mask, scale=scale, rows_may_be_empty=rows_may_be_empty
             )
             return heads, None

@@ -11,9 +11,24 @@ A cache is a `KVCache(key, value)` pair of buffers, each
   batched grouped matmul read without a transpose.
 
 A decode step writes its new keys and values in place where the backend
-allows it: slice assignment / `index_copy_` on PyTorch (outside autograd),
-`dynamic_update_slice` on JAX and TensorFlow, which XLA performs in place
-when the cache buffers are donated (`jax.jit(..., donate_argnums=...)`).
+allows it, so that no step copies the whole cache:
+
+- PyTorch: `init_cache(...)`, tensors written by slice assignment /
+  `index_copy_` (outside autograd);
+- JAX: `init_cache(...)`, arrays written by `dynamic_update_slice`, which
+  XLA performs in place when the step donates the cache
+  (`jax.jit(step, donate_argnums=...)`);
+- TensorFlow: `init_cache(..., variables=True)`, two `tf.Variable`s written
+  by a scatter inside `tf.function(jit_compile=True)`.
+
+A TensorFlow function cannot donate its tensor arguments, so with the default
+(functional) cache XLA copies the whole cache at every compiled step; a
+variable cache is updated in place instead and the layer returns the same
+`KVCache` (the same variables). Create it outside the traced function and do
+not return it from the function (a variable returned by a `tf.function` comes
+back as a copy of its value): keep the Python handle instead. JAX cannot
+mutate variables under `jax.jit` and PyTorch already writes its tensors in
+place, so both refuse `variables=True`.
 
 Writing past `max_length` is refused with a `ValueError` whenever the index
 is known when the step is built (a Python int, an eager tensor, or any index
@@ -21,13 +36,16 @@ under eager PyTorch on CPU). A traced index that overruns (inside `jax.jit`,
 `tf.function` or `torch.compile`, or a CUDA tensor in eager PyTorch, which is
 not read back to keep the step asynchronous) leaves the cache unchanged and
 turns every output row of that call into NaN, so the overrun cannot pass for
-a good result.
+a good result. Both hold for variable caches too.
 
 Example:
     >>> cache = KVCache.zeros(batch_size=1, num_key_value_heads=2, max_length=8,
     ...                       head_dim=4, dtype="float32")
     >>> tuple(cache.key.shape)
     (1, 2, 8, 4)
+    >>> cache = KVCache.variables(1, 2, 8, 4, "float32")  # doctest: +SKIP (TensorFlow)
+    >>> cache.in_place  # doctest: +SKIP
+    True
 """
 
 from __future__ import annotations
@@ -58,9 +76,65 @@ class KVCache(NamedTuple):
         shape = (batch_size, num_key_value_heads, max_length, head_dim)
         return cls(ops.zeros(shape, dtype=dtype), ops.zeros(shape, dtype=dtype))
 
+    @classmethod
+    def variables(cls, batch_size, num_key_value_heads, max_length, head_dim, dtype):
+        """A zero cache of two non-trainable `tf.Variable`s, written in place (TensorFlow).
+
+        Raises `ValueError` on other backends (see the module docstring) and
+        inside a `tf.function` (create the variables once, outside it).
+        """
+        backend = keras.backend.backend()
+        if backend != "tensorflow":
+            raise ValueError(
+                f"`variables=True` (a KV cache of variables written in place) is for TensorFlow; "
+                f"received it on {backend}, {_NO_VARIABLES[backend]}"
+            )
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            raise ValueError(
+                "`variables=True` creates tf.Variables, which a tf.function cannot create at "
+                "every call: build the cache once, outside the traced function, and pass it in."
+            )
+        shape = (batch_size, num_key_value_heads, max_length, head_dim)
+        return cls(
+            *(
+                tf.Variable(tf.zeros(shape, dtype), trainable=False, name=f"kv_cache_{part}")
+                for part in ("key", "value")
+            )
+        )
+
     @property
     def max_length(self):
         return self.key.shape[_LENGTH_AXIS]
+
+    @property
+    def in_place(self):
+        """Whether the buffers are variables that a step updates in place (TensorFlow)."""
+        return is_variable(self.key)
+
+
+_NO_VARIABLES = {
+    "jax": "where variables cannot be updated under jax.jit: pass the default cache to "
+    "`jax.jit(step, donate_argnums=...)` and XLA updates it in place.",
+    "torch": "where the default cache is already written in place (under torch.no_grad()).",
+}
+
+
+def is_variable(buffer):
+    """Whether `buffer` is a TensorFlow variable (a cache buffer updated by `assign`)."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return isinstance(buffer, tf.Variable)
+
+
+def _unwrap(buffer):
+    """The `tf.Variable` behind a TensorFlow `keras.Variable`, so that it is written in place."""
+    if keras.backend.backend() == "tensorflow" and isinstance(buffer, keras.Variable):
+        return buffer.value
+    return buffer
 
 
 def _describe(cache):
@@ -87,7 +161,12 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
     )
     if not isinstance(cache, (tuple, list)) or len(cache) != 2:
         raise ValueError(f"`cache` must be {expected}; received {_describe(cache)}.")
-    key, value = cache
+    key, value = _unwrap(cache[0]), _unwrap(cache[1])
+    if is_variable(key) != is_variable(value):
+        raise ValueError(
+            "`cache` key and value buffers must both be variables (`init_cache(..., "
+            f"variables=True)`) or both tensors; received {_describe(cache)}."
+        )
     for name, buffer in (("key", key), ("value", value)):
         shape = tuple(getattr(buffer, "shape", ()))
         if len(shape) != 4 or (
@@ -109,7 +188,9 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
                 f"{layer_dtype}: the cache must have the layer's floating dtype (it stores "
                 f"keys and values); build it with `init_cache(batch_size, max_length)`."
             )
-    return cache if isinstance(cache, KVCache) else KVCache(key, value)
+    if isinstance(cache, KVCache) and key is cache.key and value is cache.value:
+        return cache
+    return KVCache(key, value)
 
 
 def check_static_write(start, query_length, max_length):
@@ -178,12 +259,43 @@ def _write_buffer(buffer, update, start, static_start, valid):
     return ops.slice_update(buffer, [0, 0, index, 0], update)
 
 
+def _scatter_into_variable(variable, update, start, static_start, valid):
+    """Write `update` `(B, Hkv, T, D)` into a TensorFlow variable at `start`, in place.
+
+    A scatter, not a dynamic-update-slice: XLA's CPU compiler rewrites a
+    reshape of a dynamic-update-slice (the batched matmuls of the attention
+    read the cache as `(B * Hkv, S, D)`) into a second update of a copy of
+    the cache, so that each step copied the whole cache three times; a
+    scatter stays one in-place write and the matmuls read the variable's own
+    buffer (checked on the compiled HLO in tests/test_layers_cache.py).
+    """
+    import tensorflow as tf
+
+    batch, heads, length, _ = update.shape
+    batch = tf.shape(update)[0] if batch is None else batch
+    max_length = variable.shape[_LENGTH_AXIS]
+    if static_start is not None:
+        index = tf.constant(static_start, tf.int32)
+    else:
+        index = tf.cast(start, tf.int32)
+    if valid is not None:
+        # Clamp so the write stays inside the buffer, and write the old values
+        # back when the index was out of range.
+        index = tf.clip_by_value(index, 0, max_length - length)
+        old = tf.slice(variable, tf.stack([0, 0, index, 0]), tf.shape(update))
+        update = tf.where(valid, update, old)
+    # (B, Hkv, T, 3) indices [b, h, index + t] of each updated row.
+    grid = tf.meshgrid(tf.range(batch), tf.range(heads), index + tf.range(length), indexing="ij")
+    variable.scatter_nd_update(tf.stack(grid, axis=-1), update)
+
+
 def write(cache, key, value, start, static_start):
     """Write new keys/values `(B, T, Hkv, D)` at `start`; return `(cache, valid)`.
 
     `valid` is None when `static_start` (the Python int behind `start`, or
     None when traced) is known; otherwise a boolean scalar tensor that is
-    False when the write would overrun and was skipped.
+    False when the write would overrun and was skipped. A variable cache is
+    assigned its new contents and returned as it is (the same variables).
     """
     max_length = cache.key.shape[_LENGTH_AXIS]
     query_length = key.shape[1]
@@ -198,5 +310,12 @@ def write(cache, key, value, start, static_start):
         new = ops.transpose(new, (0, 2, 1, 3))
         if new.dtype != buffer.dtype:
             new = ops.cast(new, buffer.dtype)
-        updated.append(_write_buffer(buffer, new, start, static_start, valid))
+        if is_variable(buffer):
+            _scatter_into_variable(buffer, new, start, static_start, valid)
+            written = buffer
+        else:
+            written = _write_buffer(buffer, new, start, static_start, valid)
+        updated.append(written)
+    if updated[0] is cache.key and updated[1] is cache.value:
+        return cache, valid
     return KVCache(*updated), valid

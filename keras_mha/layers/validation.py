@@ -52,6 +52,22 @@ def positive_int(name, value, allow_none=False):
     return int(value)
 
 
+def optional_int(name, value):
+    """`value` as an int, or None; refuses bools, floats and strings (any integer passes:
+    a seed may be negative). Checked even where it is unused (`seed` without dropout), so
+    a bad value never waits in a saved config for the day it is used.
+
+    Example:
+        >>> optional_int("seed", 7), optional_int("seed", None)
+        (7, None)
+    """
+    if value is None:
+        return None
+    if _is_bool(value) or not isinstance(value, _INTEGER_TYPES):
+        raise ValueError(f"`{name}` must be an integer or None; received {value!r}.")
+    return int(value)
+
+
 def _range_text(above, at_least, below, at_most):
     low = f"({above}" if above is not None else f"[{at_least}" if at_least is not None else None
     high = f"{below})" if below is not None else f"{at_most}]" if at_most is not None else None

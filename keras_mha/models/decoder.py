@@ -160,10 +160,16 @@ class DecoderModel(keras.Model):
         return self.logits(self.hidden_states(inputs))
 
     # ------------------------------------------------------------------ decoding
-    def init_caches(self, batch_size, max_length):
-        """One KV cache per block (opaque: whatever the attention layer's `init_cache` makes)."""
+    def init_caches(self, batch_size, max_length, variables=False):
+        """One KV cache per block (opaque: whatever the attention layer's `init_cache` makes).
+
+        `variables=True` (TensorFlow): caches of variables that the steps update in
+        place (see `GroupedQueryAttention.init_cache`).
+        """
         return [
-            block.attention.init_cache(batch_size, max_length, dtype=self.compute_dtype)
+            block.attention.init_cache(
+                batch_size, max_length, dtype=self.compute_dtype, variables=variables
+            )
             for block in self.blocks
         ]
 

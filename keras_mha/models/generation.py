@@ -3,11 +3,14 @@
 The prompt is run once (prefill) into fixed-shape caches made by each attention layer's
 `init_cache` (their inside is the layer's business), then one token per step. The step
 is compiled once per model, batch size and cache length: `jax.jit` on JAX (stateless,
-the weights passed as arguments), `tf.function(jit_compile=True)` on TensorFlow, and
-eager PyTorch (measured faster than `torch.compile` for single-token CPU steps; pass
-`compile_torch=True` to try it). Cache lengths are rounded up to a multiple of
-`CACHE_BUCKET`, so prompts of similar lengths reuse the compiled step; how often each
-function was traced is in `generation_stats(model)`.
+the weights passed as arguments, the caches donated so that XLA updates them in place),
+`tf.function(jit_compile=True)` on TensorFlow (the caches are variables, created outside
+the function and updated in place by it: `init_cache(..., variables=True)`), and eager
+PyTorch (the caches written in place; measured faster than `torch.compile` for
+single-token CPU steps; pass `compile_torch=True` to try it). No step copies the caches.
+Cache lengths are rounded up to a multiple of `CACHE_BUCKET`, so prompts of similar
+lengths reuse the compiled step; how often each function was traced is in
+`generation_stats(model)`.
 
 Tokens are chosen on the host from the last position's logits: the argmax at
 temperature 0 (ties go to the lowest id, as in torch), else a draw from
@@ -49,9 +52,12 @@ class _CompiledDecoder:
         self.model = model
         self.backend = keras.backend.backend()
         self.compile_torch = compile_torch
+        # TensorFlow cannot donate a function's tensor arguments: its caches are variables.
+        self.variable_caches = self.backend == "tensorflow"
         self.stats = {
             "backend": self.backend,
             "compiled": self.backend != "torch" or compile_torch,
+            "variable_caches": self.variable_caches,
             "prefill_traces": 0,
             "step_traces": 0,
             "prefill_calls": 0,
@@ -102,17 +108,22 @@ class _CompiledDecoder:
         def traced(kind, index_static):
             def function(token_ids, key_mask, caches, index):
                 self.stats[f"{kind}_traces"] += 1
-                return self._forward(token_ids, key_mask, caches, 0 if index_static else index)
+                index = 0 if index_static else index
+                logits, new_caches = self._forward(token_ids, key_mask, caches, index)
+                # Variable caches were written in place: returning them would copy them
+                # out of the function.
+                return logits, () if _in_place(caches) else new_caches
 
             compiled = tf.function(function, jit_compile=True, reduce_retracing=False)
 
             def call(token_ids, key_mask, caches, index):
-                return compiled(
+                logits, new_caches = compiled(
                     tf.convert_to_tensor(token_ids),
                     tf.convert_to_tensor(key_mask),
                     caches,
                     tf.constant(index, tf.int32),
                 )
+                return logits, caches if _in_place(caches) else new_caches
 
             return call
 
@@ -150,6 +161,10 @@ class _CompiledDecoder:
     def step(self, token_ids, key_mask, caches, index):
         self.stats["step_calls"] += 1
         return self._step(token_ids, key_mask, caches, index)
+
+
+def _in_place(caches):
+    return all(getattr(cache, "in_place", False) for cache in caches)
 
 
 def _decoder_for(model, compile_torch):
@@ -313,7 +328,7 @@ def generate(
     key_mask[:, :length] = mask
 
     decoder = _decoder_for(model, compile_torch)
-    caches = model.init_caches(batch, max_length)
+    caches = model.init_caches(batch, max_length, variables=decoder.variable_caches)
     key_mask_tensor = keras.ops.convert_to_tensor(key_mask)
     logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
     finished = np.zeros(batch, dtype=bool)

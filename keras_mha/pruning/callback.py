@@ -15,7 +15,7 @@ from keras_mha.pruning.gates import get_head_gates, pruned_heads_from_gates, set
 from keras_mha.pruning.importance import check_method, head_importance
 from keras_mha.pruning.labels import LabelCheck
 from keras_mha.pruning.selection import layer_states
-from keras_mha.pruning.surgery import prune_heads
+from keras_mha.pruning.surgery import check_flag, prune_heads
 
 
 def _check_epoch(name, value, minimum=0):
@@ -161,8 +161,12 @@ class HeadPruning(keras.callbacks.Callback):
                 )
             self.batches = Batches(data, batch_size=batch_size, max_batches=max_batches)
         self.heatmap_dir = heatmap_dir
-        self.remove_at_end = bool(remove_at_end)
-        self.verbose = verbose
+        self.remove_at_end = check_flag("remove_at_end", remove_at_end)
+        self.verbose = (
+            bool(verbose)
+            if isinstance(verbose, (bool, np.bool_))
+            else _check_epoch("verbose", verbose)
+        )
         self.prune_epochs = list(range(self.start_epoch, self.end_epoch + 1, self.frequency))
         self.steps = []
         self.removed = None

@@ -88,10 +88,10 @@ def set_head_gates(model, gates):
                 key=path,
             )
         values = raw.astype("float32")
-        if not np.isfinite(values).all():
+        if not np.isfinite(values).all() or (values < 0).any():
             raise PruningError(
-                f"`gates[{path!r}]`={raw.tolist()} has non-finite values; expected finite gates "
-                "(1 keeps a head, 0 silences it).",
+                f"`gates[{path!r}]`={raw.tolist()} has non-finite or negative values; expected "
+                "finite gates >= 0 (1 keeps a head, 0 silences it).",
                 key=path,
             )
         checked[path] = values

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_mha.errors import PruningError
+
 
 def _matrix(per_layer, fill=np.nan):
     width = max(len(values) for values in per_layer.values())
@@ -49,6 +51,14 @@ def save_head_heatmap(path, importance, gates, title=None):
     panels = [("pruned (gate = 0)", pruned, "Reds")]
     if importance:
         ordered = {path: np.asarray(importance[path], dtype="float64") for path in layer_names}
+        for layer_path, scores in ordered.items():
+            if not np.isfinite(scores).all():
+                # A NaN cell would be drawn blank, like a head the layer does not have.
+                raise PruningError(
+                    f"`importance[{layer_path!r}]` has non-finite scores {scores.tolist()}; "
+                    "expected finite scores (as head_importance returns).",
+                    key=layer_path,
+                )
         panels.insert(0, ("importance", _matrix(ordered), "viridis"))
     num_heads = pruned.shape[1]
     figure = Figure(

@@ -20,6 +20,18 @@ def _fresh_optimizer(optimizer):
     return optimizer
 
 
+def check_flag(name, value):
+    """`value` when it is True or False (NumPy booleans too); else `PruningError`.
+
+    Example:
+        >>> check_flag("recompile", True)
+        True
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise PruningError(f"`{name}` must be True or False; received {value!r}.", key=name)
+    return bool(value)
+
+
 def prune_heads(model, heads=None, recompile=True):
     """Physically remove attention heads from every keras-mha layer of `model`.
 
@@ -56,6 +68,7 @@ def prune_heads(model, heads=None, recompile=True):
         {'block_0/attention': [1, 3]}
         >>> model.save("pruned.keras")
     """
+    check_flag("recompile", recompile)
     layers = require_attention_layers(model)
     sync_training_state(model)
     if heads is None:
