@@ -18,8 +18,8 @@ from tests.test_layers_reference import random_inputs, randomise
 
 BACKEND = keras.backend.backend()
 FEATURES, PREFILL, MAX_LENGTH = 16, 3, 8
-# The fast call exists on PyTorch only; elsewhere one case checks that every call still
-# goes through Keras (JAX compiles each eager op: more cases would cost seconds each).
+# The fast call exists on PyTorch only (elsewhere `skips_keras_call` is always False;
+# running decode steps there to show it would cost JAX seconds of op compilations).
 TORCH_ONLY = pytest.mark.skipif(BACKEND != "torch", reason="the fast call is PyTorch-only")
 
 
@@ -73,6 +73,17 @@ def steps(call, layer, x, cache, **kwargs):
     return np.concatenate(outputs, axis=1), [ops.convert_to_numpy(b) for b in cache]
 
 
+def test_other_backends_keep_keras_call():
+    layer = built_layer()
+    token = ops.convert_to_tensor(random_inputs(1, 1, FEATURES))
+    with no_grad():
+        cache = layer.init_cache(batch_size=1, max_length=MAX_LENGTH)
+        skips = eager_decode.skips_keras_call(layer, (token,), {"cache": cache, "cache_index": 0})
+    assert skips == (BACKEND == "torch")
+    assert eager_decode.gates_are_ones(layer) == (BACKEND == "torch")
+
+
+@TORCH_ONLY
 @pytest.mark.parametrize(
     "factory, options, step_kwargs",
     [
@@ -82,14 +93,12 @@ def steps(call, layer, x, cache, **kwargs):
             {"use_rope": True, "use_qk_norm": True, "sliding_window": 3, "use_bias": False},
             {"use_causal_mask": True, "training": False},
             id="gqa-rope-qknorm-window",
-            marks=TORCH_ONLY,
         ),
         pytest.param(
             lambda **kw: MultiQueryAttention(4, head_dim=4, **kw),
             {},
             {},
             id="mqa",
-            marks=TORCH_ONLY,
         ),
     ],
 )
@@ -109,8 +118,7 @@ def test_fast_call_returns_what_keras_call_returns(monkeypatch, factory, options
     np.testing.assert_array_equal(got, expected)
     for buffer, expected_buffer in zip(got_cache, expected_cache, strict=True):
         np.testing.assert_array_equal(buffer, expected_buffer)
-    # Taken on PyTorch only; JAX and TensorFlow calls all go through Keras.
-    assert counter.count == (0 if BACKEND == "torch" else x.shape[1] - PREFILL)
+    assert counter.count == 0  # every step skipped Keras's __call__
 
 
 @TORCH_ONLY
