@@ -92,6 +92,16 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(_usage_line(self.prog, message))
 
+    def parse_args(self, args=None, namespace=None):
+        arguments, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # argparse reports these from the top-level parser; name the subcommand's help,
+            # where the user's flags live.
+            command = getattr(arguments, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            raise UsageError(_usage_line(prog, f"unrecognized arguments: {' '.join(extras)}"))
+        return arguments
+
 
 def _usage_line(prog: str, message: str) -> str:
     text = " ".join(str(message).split())

@@ -305,7 +305,11 @@ def test_undecodable_argument_bytes_are_shown_escaped(capsys):
         (["inspect", "gpt2", "--timeout", "nan"], ["--timeout", "'nan'", "seconds"]),
         (["inspect", "gpt2", "--timeout", "1e300"], ["--timeout", "seconds"]),
         (["inspect", "gpt2", "--format", "yaml"], ["--format", "'yaml'", "table"]),
-        (["inspect", "gpt2", "--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+        (
+            ["inspect", "gpt2", "--frobnicate"],
+            ["unrecognized arguments: --frobnicate", "see `keras-mha inspect --help`"],
+        ),
+        (["--frobnicate"], ["unrecognized arguments: --frobnicate", "see `keras-mha --help`"]),
         (["inspect"], ["MODEL"]),
         (["inspct", "gpt2"], ["'inspct'", "inspect"]),
     ],
@@ -406,6 +410,15 @@ def test_did_you_mean_a_bundled_model_offline(capsys, hub, monkeypatch):
     code, _, err = run_cli(capsys, "inspect", "mistralai/Mistral-7B-v0.2")
     assert code == 8
     assert_one_error_line(err, "did you mean mistralai/Mistral-7B-v0.1")
+    assert hub.requests == []
+
+
+def test_an_offline_url_revision_the_bundled_card_lacks_names_the_url(capsys, hub, monkeypatch):
+    """The revision came from the URL, so the advice cannot be only "drop --revision"."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run_cli(capsys, "inspect", f"https://huggingface.co/{LLAMA_3}/tree/abc123")
+    assert code == 8
+    assert_one_error_line(err, "not 'abc123'", "the URL's /tree/...")
     assert hub.requests == []
 
 

@@ -562,7 +562,8 @@ def _fall_back_to_bundled(repo_id: str, revision: str | None, *, reason: str) ->
     if revision is not None and revision not in ("main", loaded.revision):
         raise HubUnreachableError(
             f"{repo_id}: {reason}; the bundled card is revision {loaded.revision!r}, "
-            f"not {revision!r}; retry online, or drop --revision to use the bundled card",
+            f"not {revision!r}; retry online, or ask for no revision (drop --revision, or the "
+            "URL's /tree/...) to use the bundled card",
             model_id=repo_id,
             revision=revision,
         )

@@ -171,7 +171,7 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
     from keras_mha.cards import report as reports
     from keras_mha.cards.hub import load_config
     from keras_mha.cards.spec import from_config
-    from keras_mha.errors import ConfigError, KerasMHAError
+    from keras_mha.errors import KerasMHAError
 
     _check_arguments(arguments)
     request = options.memory_request(arguments)
@@ -199,11 +199,8 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
         except KerasMHAError as error:
             error.message = f"{model}: {error.message}"
             raise
-        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as error:
-            message = error.args[0] if isinstance(error, KeyError) and error.args else error
-            raise ConfigError(
-                f"{model}: cannot describe this config: {message}", model_id=loaded.model_id
-            ) from error
+        # Anything else is a bug (every config value is validated into a ConfigError), as in
+        # `inspect`: the CLI reports it as an internal error (exit 70), not as the config's fault.
         models.append(report)
         specs.append(spec)
     return {
