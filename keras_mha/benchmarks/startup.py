@@ -161,11 +161,7 @@ def time_command(name: str, command: list[str], repeat: int, *, environment=None
 
     seconds, cpu_seconds = [], []
     for run in range(repeat + 1):
-        cpu_before = _children_cpu_seconds()
-        start = time.perf_counter()
-        completed = subprocess.run(command, capture_output=True, text=True, env=environment)
-        elapsed = time.perf_counter() - start
-        cpu = _children_cpu_seconds() - cpu_before
+        completed, elapsed, cpu = _run_timed(command, environment)
         if completed.returncode != 0:
             raise KerasMHAError(
                 f"{' '.join(command)} exited with {completed.returncode}: "
@@ -175,6 +171,15 @@ def time_command(name: str, command: list[str], repeat: int, *, environment=None
             seconds.append(elapsed)
             cpu_seconds.append(cpu)
     return Timing(name, " ".join(command), seconds, cpu_seconds)
+
+
+def _run_timed(command: list[str], environment) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run `command` once: (its result, wall seconds, CPU seconds of the child)."""
+    cpu_before = _children_cpu_seconds()
+    start = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, env=environment)
+    elapsed = time.perf_counter() - start
+    return completed, elapsed, _children_cpu_seconds() - cpu_before
 
 
 def _children_cpu_seconds() -> float:
@@ -202,11 +207,7 @@ def measure_transformers(model: str, repeat: int) -> tuple[Timing | None, dict |
         command = [sys.executable, "-c", _TRANSFORMERS_SCRIPT, directory]
         seconds, cpu_seconds, runs = [], [], []
         for run in range(repeat + 1):
-            cpu_before = _children_cpu_seconds()
-            start = time.perf_counter()
-            completed = subprocess.run(command, capture_output=True, text=True, env=environment)
-            elapsed = time.perf_counter() - start
-            cpu = _children_cpu_seconds() - cpu_before
+            completed, elapsed, cpu = _run_timed(command, environment)
             if completed.returncode != 0:
                 return None, f"failed: {completed.stderr.strip().splitlines()[-1:]}"
             if run:  # the first run warms the file cache, as for the other commands
