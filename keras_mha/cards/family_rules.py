@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from keras_mha.cards.config_values import ConfigReader
 from keras_mha.cards.family_defaults import DBRX_ATTN_DEFAULTS
+
+# `typing` costs ~5 ms to import, a tenth of `inspect`'s budget; `Any` only annotates.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # `layer_types` strings (transformers' convention) -> the three kinds used here.
 LAYER_TYPE_KINDS = {
