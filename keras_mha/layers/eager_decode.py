@@ -43,6 +43,7 @@ import numpy as np
 from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
 from keras_mha.layers import attention_kernels, kv_cache, masks
+from keras_mha.layers.linear import torch_linear
 
 # RotaryEmbedding layer -> {(rotary_dim, device): inverse frequencies as a tensor}.
 _FREQUENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -181,13 +182,11 @@ def _stored_value(variable):
 
 def _project(rows, kernel, bias, shape):
     """`rows` `(B * T, features)` through `kernel` `(features, heads, D)`: `(B, T, heads, D)`."""
-    import torch
-
     matrix = kernel.reshape(rows.shape[1], -1)
     if bias is None:
         out = rows @ matrix
     else:  # One addmm, as the general path's `linear`.
-        out = torch.addmm(bias.reshape(-1), rows, matrix)
+        out = torch_linear(rows, matrix, bias.reshape(-1))
     return out.view(*shape, kernel.shape[1], -1)
 
 
@@ -246,23 +245,14 @@ def step(layer, query, cache, start, attention_mask, causal, outside_keras_scope
     use_bias = layer.use_bias
     batch, query_length = query.shape[0], query.shape[1]
     rows = query.reshape(batch * query_length, -1)  # once for the three projections
-    q = _project(
-        rows,
-        read(layer.query_kernel),
-        read(layer.query_bias) if use_bias else None,
-        (batch, query_length),
-    )
-    k = _project(
-        rows,
-        read(layer.key_kernel),
-        read(layer.key_bias) if use_bias else None,
-        (batch, query_length),
-    )
-    v = _project(
-        rows,
-        read(layer.value_kernel),
-        read(layer.value_bias) if use_bias else None,
-        (batch, query_length),
+    q, k, v = (
+        _project(
+            rows,
+            read(getattr(layer, f"{name}_kernel")),
+            read(getattr(layer, f"{name}_bias")) if use_bias else None,
+            (batch, query_length),
+        )
+        for name in ("query", "key", "value")
     )
     if layer.use_qk_norm:
         q = _rms_norm(layer, q, read(layer.query_norm_scale))
@@ -323,15 +313,13 @@ def step(layer, query, cache, start, attention_mask, causal, outside_keras_scope
 
 def _output(layer, attended, batch, query_length, read):
     """Head gates, then the output projection, as `GroupedQueryAttention._finish`."""
-    import torch
-
     gates = read(layer.head_gates)
     if not _all_ones(layer, gates):  # Gates at 1 (no pruning) leave the heads as they are.
         attended = attended * gates.to(attended.dtype)[:, None]
     kernel = read(layer.output_kernel).reshape(layer.num_heads * layer.head_dim, -1)
     rows = attended.reshape(batch * query_length, -1)
     if layer.use_output_bias:  # One addmm, as the general path's `linear`.
-        output = torch.addmm(read(layer.output_bias), rows, kernel)
+        output = torch_linear(rows, kernel, read(layer.output_bias))
     else:
         output = rows @ kernel
     return output.view(batch, query_length, -1)

@@ -792,18 +792,19 @@ class GroupedQueryAttention(keras.layers.Layer):
     def _finish(self, heads, scores, valid, return_attention_scores, cache):
         """Gate the heads, project the output, and assemble the call's results."""
         num_heads, head_dim, output_dim = self.output_kernel.shape
-        gates = ops.cast(self.head_gates, heads.dtype)
         kernel = self.output_kernel
-        batch, length = heads.shape[0], heads.shape[1]
-        if eager_decode.gates_are_ones(self):
-            pass  # Eager PyTorch, no head pruned: no copy of the kernel (or heads) times 1.
-        elif isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:
-            # Gating the kernel (heads x head_dim x output_dim values) costs less
-            # than gating the heads (batch x length x heads x head_dim values);
-            # with the gates at 1 the products are exact, so the output is too.
-            kernel = kernel * gates[:, None, None]
-        else:
-            heads = heads * gates[:, None]
+        # Eager PyTorch with no head pruned skips the product: a copy of the kernel
+        # (or heads) times 1.
+        if not eager_decode.gates_are_ones(self):
+            gates = ops.cast(self.head_gates, heads.dtype)
+            batch, length = heads.shape[0], heads.shape[1]
+            if isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:
+                # Gating the kernel (heads x head_dim x output_dim values) costs less
+                # than gating the heads (batch x length x heads x head_dim values);
+                # with the gates at 1 the products are exact, so the output is too.
+                kernel = kernel * gates[:, None, None]
+            else:
+                heads = heads * gates[:, None]
         shape = ops.shape(heads)
         output = linear(
             ops.reshape(heads, (shape[0], shape[1], num_heads * head_dim)),

@@ -251,12 +251,19 @@ def _write_buffer(buffer, update, start, static_start, valid):
         return buffer.index_copy(_LENGTH_AXIS, positions, update)
     index = static_start if static_start is not None else ops.cast(start, "int32")
     if valid is not None:
-        # Clamp so the write stays inside the buffer, and write the old values
-        # back when the index was out of range.
-        index = ops.clip(index, 0, buffer.shape[_LENGTH_AXIS] - length)
-        old = ops.slice(buffer, [0, 0, index, 0], ops.shape(update))
-        update = ops.where(valid, update, old)
+        index, update = _keep_old_when_invalid(buffer, update, index, valid)
     return ops.slice_update(buffer, [0, 0, index, 0], update)
+
+
+def _keep_old_when_invalid(buffer, update, index, valid):
+    """`(index, update)` made safe for a write that may overrun (`valid` False).
+
+    Clamp so the write stays inside the buffer, and write the old values back
+    when the index was out of range.
+    """
+    index = ops.clip(index, 0, buffer.shape[_LENGTH_AXIS] - update.shape[_LENGTH_AXIS])
+    old = ops.slice(buffer, [0, 0, index, 0], ops.shape(update))
+    return index, ops.where(valid, update, old)
 
 
 def _scatter_into_variable(variable, update, start, static_start, valid):
@@ -273,17 +280,12 @@ def _scatter_into_variable(variable, update, start, static_start, valid):
 
     batch, heads, length, _ = update.shape
     batch = tf.shape(update)[0] if batch is None else batch
-    max_length = variable.shape[_LENGTH_AXIS]
     if static_start is not None:
         index = tf.constant(static_start, tf.int32)
     else:
         index = tf.cast(start, tf.int32)
     if valid is not None:
-        # Clamp so the write stays inside the buffer, and write the old values
-        # back when the index was out of range.
-        index = tf.clip_by_value(index, 0, max_length - length)
-        old = tf.slice(variable, tf.stack([0, 0, index, 0]), tf.shape(update))
-        update = tf.where(valid, update, old)
+        index, update = _keep_old_when_invalid(variable, update, index, valid)
     # (B, Hkv, T, 3) indices [b, h, index + t] of each updated row.
     grid = tf.meshgrid(tf.range(batch), tf.range(heads), index + tf.range(length), indexing="ij")
     variable.scatter_nd_update(tf.stack(grid, axis=-1), update)

@@ -42,5 +42,7 @@ def torch_linear(inputs, kernel, bias):
     """
     import torch
 
+    if inputs.ndim == 2:  # Already rows: no reshape and view dispatched (the decode step).
+        return torch.addmm(bias, inputs, kernel)
     flat = inputs.reshape(-1, inputs.shape[-1])
     return torch.addmm(bias, flat, kernel).view(*inputs.shape[:-1], kernel.shape[-1])

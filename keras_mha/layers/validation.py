@@ -252,9 +252,9 @@ def check_cache_index(cache_index):
         Traceback (most recent call last):
         ValueError: `cache_index` must be an integer scalar (...); received 2.5.
     """
-    if _is_bool(cache_index) or isinstance(cache_index, _INTEGER_TYPES):
-        if _is_bool(cache_index):
-            _refuse_cache_index(repr(cache_index))
+    if _is_bool(cache_index):
+        _refuse_cache_index(repr(cache_index))
+    if isinstance(cache_index, _INTEGER_TYPES):
         return
     dtype, shape = getattr(cache_index, "dtype", None), getattr(cache_index, "shape", None)
     if dtype is None or shape is None:
