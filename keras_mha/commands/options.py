@@ -21,13 +21,12 @@ import argparse
 import math
 
 from keras_mha.cards import units
+from keras_mha.cards.hub import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 from keras_mha.errors import UsageError
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
 DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.memory.DEFAULT_PREFILL_CHUNK
-# The longest --timeout accepted (a day), as keras_mha.cards.hub accepts.
-MAX_TIMEOUT_SECONDS = 86400.0
 
 
 def _argparse_type(parse, flag: str):
