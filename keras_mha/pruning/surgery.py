@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from keras_mha.errors import PruningError
+from keras_mha.layers import validation
 from keras_mha.layers.head_surgery import plan_head_removal
 from keras_mha.pruning.discovery import require_attention_layers
 from keras_mha.pruning.gates import sync_training_state
@@ -27,9 +28,10 @@ def check_flag(name, value):
         >>> check_flag("recompile", True)
         True
     """
-    if not isinstance(value, (bool, np.bool_)):
-        raise PruningError(f"`{name}` must be True or False; received {value!r}.", key=name)
-    return bool(value)
+    try:
+        return validation.flag(name, value)
+    except ValueError as error:  # the layers' check, raised as pruning's error class
+        raise PruningError(str(error), key=name) from None
 
 
 def prune_heads(model, heads=None, recompile=True):
