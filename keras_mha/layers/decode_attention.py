@@ -37,7 +37,12 @@ _MASKED_LOGIT = -1e30
 
 
 def applies_flat(query, key):
-    """Whether `flat_cache_attention` is the path for this step (XLA on TensorFlow)."""
+    """Whether `flat_cache_attention` is the path for this step (XLA on TensorFlow).
+
+    Example:
+        >>> applies_flat(ops.ones((1, 1, 8, 16)), ops.ones((1, 2, 32, 16)))  # doctest: +SKIP
+        True
+    """
     return keras.backend.backend() == "tensorflow" and query.shape[2] is not None
 
 
@@ -53,6 +58,12 @@ def flat_cache_attention(query, key, value, mask, *, scale, rows_may_be_empty=Tr
     transposed at every step. `mask` is None or boolean, broadcastable to
     `(B, 1 | H, T, S)`; the softmax is in float32 and a row with nothing to
     attend gives zeros. Returns `(B, T, H, Dv)` in the dtype of `value`.
+
+    Example:
+        >>> q = keras.random.normal((1, 1, 8, 16))
+        >>> k = v = keras.random.normal((1, 2, 32, 16))
+        >>> flat_cache_attention(q, k, v, None, scale=0.25).shape
+        (1, 1, 8, 16)
     """
     shape = ops.shape(query)
     batch, length = shape[0], shape[1]

@@ -82,6 +82,11 @@ class KVCache(NamedTuple):
 
         Raises `ValueError` on other backends (see the module docstring) and
         inside a `tf.function` (create the variables once, outside it).
+
+        Example:
+            >>> cache = KVCache.variables(1, 2, 8, 4, "float32")  # doctest: +SKIP
+            >>> cache.key.trainable, cache.in_place  # doctest: +SKIP
+            (False, True)
         """
         backend = keras.backend.backend()
         if backend != "tensorflow":
