@@ -77,7 +77,9 @@ def distribute_kv_cache(cache, mesh, model_axis="model", batch_axis=None):
         cache: the `KVCache(key, value)` from `init_cache` (or returned by
             the layer), each buffer `(batch, num_key_value_heads, max_length,
             head_dim)`.
-        mesh, model_axis, batch_axis: as in `kv_cache_layout`.
+        mesh: as in `kv_cache_layout`.
+        model_axis: as in `kv_cache_layout`.
+        batch_axis: as in `kv_cache_layout`.
 
     Returns:
         The cache, both buffers laid out on the mesh.

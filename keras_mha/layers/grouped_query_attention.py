@@ -104,8 +104,12 @@ class GroupedQueryAttention(keras.layers.Layer):
             allows (no attention weights returned, no active dropout, no soft
             cap); False always uses the generic `keras.ops` path; True requires
             the fused path and raises when the call cannot use it.
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, activity_regularizer, kernel_constraint,
+        kernel_initializer: as in `keras.layers.Dense`.
+        bias_initializer: as in `keras.layers.Dense`.
+        kernel_regularizer: as in `keras.layers.Dense`.
+        bias_regularizer: as in `keras.layers.Dense`.
+        activity_regularizer: as in `keras.layers.Dense`.
+        kernel_constraint: as in `keras.layers.Dense`.
         bias_constraint: as in `keras.layers.Dense`.
         seed: seed of the dropout.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).

@@ -29,16 +29,20 @@ class DecoderModel(keras.Model):
     """A decoder-only causal LM: embeddings, `DecoderBlock`s, final norm, LM head.
 
     Args:
-        vocab_size, hidden_size: vocabulary and model width.
+        vocab_size: rows of the token embedding (the vocabulary).
+        hidden_size: model width.
         blocks: `DecoderBlock` layers (or their serialized configs), in order.
         tie_word_embeddings: the LM head reuses the token embeddings.
-        norm_epsilon, norm_scale_offset: of the final `RMSNorm`.
+        norm_epsilon: epsilon of the final `RMSNorm`.
+        norm_scale_offset: scale offset of the final `RMSNorm` (1 for Gemma's `1 + w`).
         embedding_scale: multiply the embeddings by sqrt(hidden_size) (Gemma).
         final_logit_soft_cap: `c * tanh(logits / c)` (Gemma 2), or None.
-        family, weight_naming, hub_prefix, hub_config: where the weights came from
-            (the family, the `weight_names` table, the checkpoint's name stem and its
-            `config.json`), kept for `save_pretrained`.
-        embeddings_initializer, kernel_initializer: for models not loaded from a checkpoint.
+        family: the model family the weights came from, kept for `save_pretrained`.
+        weight_naming: the `weight_names` table the weights were read with.
+        hub_prefix: the checkpoint's tensor-name stem.
+        hub_config: the checkpoint's `config.json`, kept for `save_pretrained`.
+        embeddings_initializer: for models not loaded from a checkpoint.
+        kernel_initializer: for models not loaded from a checkpoint.
 
     Call arguments:
         inputs: `{"token_ids": (B, T) int, "padding_mask": (B, T) bool/int}` or the
