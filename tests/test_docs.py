@@ -1,0 +1,138 @@
+"""The documentation works: the site builds with `--strict`, every runnable block of
+README.md and docs/ runs as written (rules in `tests/docs_examples.py`), the docstring
+examples pass as doctests, and every script in examples/ is linked from a page."""
+
+import doctest
+import importlib
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BACKEND_FOR_BACKEND_INDEPENDENT_TESTS, current_backend
+from tests.docs_examples import ROOT, PageRun, all_blocks
+
+BLOCKS = all_blocks()
+# Docstring examples print JAX's shapes, which are tuples like the docstrings show.
+DOCTEST_BACKEND = "jax"
+DOCTEST_PACKAGES = ("keras_mha", "benchmarks")
+# Names every docstring example may use without importing them, as in Keras's docstrings.
+DOCTEST_GLOBALS = {"np": "numpy", "keras": "keras"}
+
+
+def runs_in_this_leg(block) -> bool:
+    if block.skip_reason or block.only_backend not in (None, current_backend()):
+        return False
+    return block.needs_backend or current_backend() == BACKEND_FOR_BACKEND_INDEPENDENT_TESTS
+
+
+def block_params():
+    for block in BLOCKS:
+        marks = [] if block.needs_backend else [pytest.mark.backend_independent]
+        yield pytest.param(block, id=block.name, marks=marks)
+
+
+_pages: dict[str, PageRun] = {}
+
+
+@pytest.mark.parametrize("block", block_params())
+def test_documentation_block_runs(block):
+    if block.skip_reason:
+        pytest.skip(block.skip_reason)
+    if block.only_backend not in (None, current_backend()):
+        pytest.skip(f"written for KERAS_BACKEND={block.only_backend}")
+    page = _pages.setdefault(block.path, PageRun(block.path))
+    # Later blocks build on earlier ones (names, files): run those first (once each).
+    for earlier in BLOCKS:
+        if earlier.path == block.path and earlier.line < block.line and runs_in_this_leg(earlier):
+            page.run(earlier)
+    page.run(block)
+
+
+@pytest.mark.backend_independent
+def test_every_runnable_block_is_run_or_says_why_not():
+    """A skipped block names its reason; the README's quick starts all run."""
+    readme = [block for block in BLOCKS if block.path == "README.md"]
+    quick_start = [block for block in readme if block.language in ("python", "console")]
+    assert len(quick_start) >= 3
+    assert all(block.skip_reason is None for block in quick_start), quick_start
+
+
+# ----------------------------------------------------------------------------- the site
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    site = tmp_path_factory.mktemp("site")
+    environment = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-5000:]
+    return site
+
+
+def page_text(site: Path, page: str) -> str:
+    html = (site / page / "index.html").read_text(encoding="utf-8")
+    return re.sub(r"<[^>]+>", "", html)
+
+
+@pytest.mark.backend_independent
+def test_site_builds_strictly_with_generated_reference(built_site):
+    from keras_mha import errors
+    from keras_mha.cli import build_parser
+
+    cli = page_text(built_site, "reference/cli")
+    subcommands = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices)
+    for name, parser in subcommands.choices.items():
+        assert f"keras-mha {name}" in cli
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in cli, (name, flag)
+    codes = page_text(built_site, "reference/exit-codes")
+    for value in vars(errors).values():
+        if isinstance(value, type) and issubclass(value, errors.KerasMHAError):
+            assert value.__name__ in codes
+    cards = page_text(built_site, "reference/cards")
+    assert "8,030,261,248" in cards  # Meta-Llama-3-8B's parameters, from its card
+    assert (built_site / "reference/cards/meta-llama/Meta-Llama-3-8B/index.html").is_file()
+    api = page_text(built_site, "reference/api/pruning")
+    assert "HeadPruning" in api and "prune_heads" in api
+
+
+# ----------------------------------------------------------------------------- doctests
+def doctest_modules():
+    for package in DOCTEST_PACKAGES:
+        folder = ROOT / package
+        if not (folder / "__init__.py").is_file():
+            continue
+        yield package
+        for module in pkgutil.walk_packages([str(folder)], prefix=f"{package}."):
+            yield module.name
+
+
+@pytest.mark.skipif(
+    current_backend() != DOCTEST_BACKEND,
+    reason=f"docstring examples run under KERAS_BACKEND={DOCTEST_BACKEND}",
+)
+@pytest.mark.parametrize("module_name", list(doctest_modules()))
+def test_docstring_examples(module_name):
+    module = importlib.import_module(module_name)
+    extra = {name: importlib.import_module(target) for name, target in DOCTEST_GLOBALS.items()}
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in doctest.DocTestFinder().find(module, module_name):
+        test.globs = {**extra, **test.globs}
+        runner.run(test)
+    results = runner.summarize(verbose=False)
+    assert results.failed == 0, f"{results.failed} docstring example(s) of {module_name} failed"
+
+
+# ----------------------------------------------------------------------------- examples/
+@pytest.mark.backend_independent
+def test_every_example_script_is_linked_from_a_page():
+    pages = "\n".join(path.read_text(encoding="utf-8") for path in (ROOT / "docs").rglob("*.md"))
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        assert f"examples/{script.name})" in pages, f"no page links examples/{script.name}"
