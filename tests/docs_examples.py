@@ -18,7 +18,8 @@ An HTML comment on the line before a block changes how it runs:
 - `<!-- test: skip REASON -->`: not run (a GPU, the Hub, a long run); REASON says why and
   is the test's skip reason.
 - `<!-- test: subprocess -->`: a python block that sets up its own process (environment
-  variables read at import, such as `XLA_FLAGS`), run by a fresh interpreter.
+  variables read at import, such as `XLA_FLAGS`, and the backend), run once by a fresh
+  interpreter.
 - `<!-- test: only BACKEND -->`: a block written for one backend (`jax.jit`,
   `tf.function`, `torch.compile`), run in that backend's leg only.
 
@@ -78,6 +79,8 @@ class Block:
 
     @property
     def needs_backend(self) -> bool:
+        if self.subprocess:  # it sets up its own process, the backend included
+            return False
         if self.language == "python":
             return "keras" in KERAS_FREE_MODULES.sub("", self.code).replace("keras-mha", "")
         return bool(BACKEND_COMMANDS.search(self.code))
