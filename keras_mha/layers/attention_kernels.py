@@ -106,7 +106,7 @@ def grouped_attention(
     Example:
         >>> q = keras.random.normal((2, 5, 8, 16))
         >>> kv = keras.random.normal((2, 7, 2, 16))
-        >>> grouped_attention(q, kv, kv, scale=16**-0.5).shape
+        >>> tuple(grouped_attention(q, kv, kv, scale=16**-0.5).shape)
         (2, 5, 8, 16)
     """
     num_key_value_heads = key.shape[1 if key_heads_first else 2]
@@ -175,7 +175,7 @@ def fused_attention(
     Example:
         >>> q = keras.random.normal((2, 5, 8, 16))
         >>> kv = keras.random.normal((2, 7, 2, 16))
-        >>> fused_attention(q, kv, kv, scale=16**-0.5).shape
+        >>> tuple(fused_attention(q, kv, kv, scale=16**-0.5).shape)
         (2, 5, 8, 16)
     """
     row_has_key = None
@@ -296,7 +296,7 @@ def blockwise_causal_attention(query, key, value, *, scale, block_size=None):
 
     Example:
         >>> x = keras.random.normal((1, 512, 4, 16))
-        >>> blockwise_causal_attention(x, x, x, scale=0.25, block_size=128).shape
+        >>> tuple(blockwise_causal_attention(x, x, x, scale=0.25, block_size=128).shape)
         (1, 512, 4, 16)
     """
     if block_size is None:

@@ -24,7 +24,7 @@ cache converting it element by element to float32 costs more than the copies
 Example:
     >>> q = keras.random.normal((1, 1, 8, 16))
     >>> k = keras.random.normal((1, 2, 32, 16))
-    >>> single_query_attention(q, k, k, None, scale=0.25).shape
+    >>> tuple(single_query_attention(q, k, k, None, scale=0.25).shape)
     (1, 1, 8, 16)
 """
 
@@ -62,7 +62,7 @@ def flat_cache_attention(query, key, value, mask, *, scale, rows_may_be_empty=Tr
     Example:
         >>> q = keras.random.normal((1, 1, 8, 16))
         >>> k = v = keras.random.normal((1, 2, 32, 16))
-        >>> flat_cache_attention(q, k, v, None, scale=0.25).shape
+        >>> tuple(flat_cache_attention(q, k, v, None, scale=0.25).shape)
         (1, 1, 8, 16)
     """
     shape = ops.shape(query)

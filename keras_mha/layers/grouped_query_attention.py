@@ -150,12 +150,12 @@ class GroupedQueryAttention(keras.layers.Layer):
     Example:
         >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2, causal=True)
         >>> x = keras.random.normal((2, 10, 64))
-        >>> layer(x).shape
+        >>> tuple(layer(x).shape)
         (2, 10, 64)
         >>> cache = layer.init_cache(batch_size=2, max_length=16)
         >>> out, cache = layer(x, cache=cache, cache_index=0)        # prefill
         >>> step, cache = layer(x[:, -1:], cache=cache, cache_index=10)  # one token
-        >>> step.shape
+        >>> tuple(step.shape)
         (2, 1, 64)
     """
 

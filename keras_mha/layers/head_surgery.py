@@ -39,7 +39,8 @@ def check_head_indices(heads, num_heads, argument="heads_to_remove"):
         [3, 1]
         >>> check_head_indices([1.9], 4)
         Traceback (most recent call last):
-        PruningError: `heads_to_remove` has 1.9, which is not a query-head index; ...
+        ...
+        keras_mha.errors.PruningError: `heads_to_remove` has 1.9, which is not a query-head ...
     """
     if isinstance(heads, (str, bytes, dict)) or not isinstance(heads, Iterable):
         raise PruningError(

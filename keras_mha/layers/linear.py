@@ -19,7 +19,7 @@ def linear(inputs, kernel, bias=None):
     dtype under mixed precision, as `ops.matmul` would read them).
 
     Example:
-        >>> linear(ops.ones((2, 3, 4)), ops.ones((4, 5)), ops.zeros((5,))).shape
+        >>> tuple(linear(ops.ones((2, 3, 4)), ops.ones((4, 5)), ops.zeros((5,))).shape)
         (2, 3, 5)
     """
     if bias is None or keras.backend.backend() != "torch":
@@ -37,8 +37,9 @@ def torch_linear(inputs, kernel, bias):
     """`linear` on torch tensors of one dtype, as one `torch.addmm` (no Keras dispatch).
 
     Example:
-        >>> torch_linear(torch.ones(2, 3, 4), torch.ones(4, 5), torch.zeros(5)).shape
-        torch.Size([2, 3, 5])
+        >>> import torch
+        >>> tuple(torch_linear(torch.ones(2, 3, 4), torch.ones(4, 5), torch.zeros(5)).shape)
+        (2, 3, 5)
     """
     import torch
 

@@ -209,7 +209,12 @@ def check_call_inputs(query, value, key):
     itself: they are stateful ops). They raise `InvalidArgumentError`.
 
     Example:
+        >>> query, keys = keras.ops.ones((2, 3, 8)), keras.ops.ones((2, 5, 8))
         >>> check_call_inputs(query, value=keys, key=keys)
+        >>> check_call_inputs(query, value=keys[:1], key=keys[:1])
+        Traceback (most recent call last):
+        ...
+        ValueError: ...
     """
     check_input_shapes(query.shape, value.shape, key.shape)
     pairs = []

@@ -82,8 +82,12 @@ def head_importance(
             NaN or infinite (a loss, gradient or weight that is not finite).
 
     Example:
-        >>> scores = head_importance(model, (x_val, y_val), method="taylor")
-        >>> scores["block_0/attention"].shape
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> x = np.random.default_rng(0).normal(size=(4, 8, 16)).astype("float32")
+        >>> scores = head_importance(model, (x, x), method="taylor", loss="mse")
+        >>> scores["attention"].shape
         (4,)
     """
     check_method(method)
