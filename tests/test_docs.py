@@ -17,11 +17,19 @@ from tests.conftest import BACKEND_FOR_BACKEND_INDEPENDENT_TESTS, current_backen
 from tests.docs_examples import ROOT, PageRun, all_blocks
 
 BLOCKS = all_blocks()
-# Docstring examples print JAX's shapes, which are tuples like the docstrings show.
-DOCTEST_BACKEND = "jax"
+# One leg runs the docstring examples: torch's eager ops cost a fraction of JAX's (each of
+# which compiles); examples print shapes as tuples, the same on every backend.
+DOCTEST_BACKEND = "torch"
 DOCTEST_PACKAGES = ("keras_mha", "benchmarks")
-# Names every docstring example may use without importing them, as in Keras's docstrings.
-DOCTEST_GLOBALS = {"np": "numpy", "keras": "keras"}
+# Names every docstring example may use without importing them: NumPy and keras, as in
+# Keras's docstrings, and the attention layers.
+DOCTEST_GLOBALS = {
+    "np": "numpy",
+    "keras": "keras",
+    "GroupedQueryAttention": "keras_mha.layers:GroupedQueryAttention",
+    "MultiHeadAttention": "keras_mha.layers:MultiHeadAttention",
+    "MultiQueryAttention": "keras_mha.layers:MultiQueryAttention",
+}
 
 
 def runs_in_this_leg(block) -> bool:
@@ -114,6 +122,13 @@ def doctest_modules():
             yield module.name
 
 
+def _global(target):
+    """`"module"` or `"module:attribute"`."""
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attribute) if attribute else module
+
+
 @pytest.mark.skipif(
     current_backend() != DOCTEST_BACKEND,
     reason=f"docstring examples run under KERAS_BACKEND={DOCTEST_BACKEND}",
@@ -121,7 +136,7 @@ def doctest_modules():
 @pytest.mark.parametrize("module_name", list(doctest_modules()))
 def test_docstring_examples(module_name):
     module = importlib.import_module(module_name)
-    extra = {name: importlib.import_module(target) for name, target in DOCTEST_GLOBALS.items()}
+    extra = {name: _global(target) for name, target in DOCTEST_GLOBALS.items()}
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     for test in doctest.DocTestFinder().find(module, module_name):
         test.globs = {**extra, **test.globs}
