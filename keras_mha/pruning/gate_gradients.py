@@ -220,14 +220,14 @@ def gate_gradients(model, gate_variables, x, y=None, sample_weight=None, *, loss
         `(loss, gradients)`: a float and one `np.ndarray(num_heads)` per gate variable.
 
     Example:
-        >>> from keras_mha.layers import MultiHeadAttention
-        >>> inputs = keras.Input((8, 16))
-        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
-        >>> from keras_mha.pruning import find_attention_layers
         >>> from keras_mha.pruning.batches import resolve_loss
-        >>> x = np.ones((2, 8, 16), "float32")
-        >>> gates = [layer.head_gates for layer in find_attention_layers(model).values()]
-        >>> loss, grads = gate_gradients(model, gates, x, x, loss_fn=resolve_loss(model, "mse"))
+        >>> attention = GroupedQueryAttention(num_heads=4, num_key_value_heads=2)
+        >>> model = keras.Sequential([keras.Input((6, 8)), attention])
+        >>> x = np.ones((2, 6, 8), "float32")
+        >>> loss_fn = resolve_loss(model, "mse")
+        >>> loss, grads = gate_gradients(model, [attention.head_gates], x, x, loss_fn=loss_fn)
+        >>> grads[0].shape
+        (4,)
     """
     return GateLoss(model, gate_variables, loss_fn).value_and_gradients(x, y, sample_weight)
 
