@@ -70,6 +70,14 @@ def test_every_runnable_block_is_run_or_says_why_not():
     assert all(block.skip_reason is None for block in quick_start), quick_start
 
 
+@pytest.mark.backend_independent
+def test_readme_is_an_introduction_not_a_log():
+    """At most 300 lines, and no measurement log (times of day, load averages)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 300
+    assert not re.search(r"\d\d:\d\d UTC|load average|\d{4}-\d\d-\d\d", readme)
+
+
 # ----------------------------------------------------------------------------- the site
 @pytest.fixture(scope="module")
 def built_site(tmp_path_factory):
