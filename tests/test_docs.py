@@ -119,6 +119,23 @@ def test_site_builds_strictly_with_generated_reference(built_site):
     assert "HeadPruning" in api and "prune_heads" in api
 
 
+@pytest.mark.backend_independent
+def test_exit_code_table_lists_every_error_class_and_code():
+    import importlib.util
+
+    from keras_mha import cli, errors
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "tools" / "docs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    table = hooks.exit_codes()
+    for error_class in errors.ERROR_CLASSES:
+        assert f"| {error_class.exit_code} | `{error_class.__name__}` |" in table
+    codes = (errors.INTERNAL_ERROR_EXIT_CODE, errors.INTERRUPTED_EXIT_CODE, cli.EXIT_BROKEN_PIPE)
+    for code in codes:
+        assert re.search(rf"^\| {code} \|", table, flags=re.M), code
+
+
 # ----------------------------------------------------------------------------- doctests
 def doctest_modules():
     for package in DOCTEST_PACKAGES:
