@@ -3,7 +3,8 @@
 How a page's fenced blocks are read:
 
 - ```` ```python ````: runs, in page order, in one namespace per page (later blocks use
-  what earlier ones defined), with a scratch folder of the page as working directory.
+  what earlier ones defined), with a scratch folder of the page as working directory (it
+  links the repository's top-level entries, so paths from the repository root work).
 - ```` ```console ````: each `$ command` runs and the lines after it, up to the next `$`,
   are its expected output (stdout and stderr together). `...` alone on a line stands for
   any number of lines, and inside a line for any text. A `keras-mha` command without
@@ -218,13 +219,24 @@ def working_directory(path: Path):
         os.chdir(previous)
 
 
+def scratch_folder() -> Path:
+    """A new temporary folder that links the repository's top-level entries, so that a page
+    written "from the repository root" reads `examples/...` and `cards/...` as there, while
+    the files it writes land in the scratch folder."""
+    folder = Path(tempfile.mkdtemp(prefix="keras-mha-docs-"))
+    for entry in ROOT.iterdir():
+        if not entry.name.startswith("."):
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
 # ----------------------------------------------------------------------------- pages
 class PageRun:
     """The state a page's blocks share: a namespace, a scratch folder, what already ran."""
 
     def __init__(self, path: str):
         self.path = path
-        self.folder = Path(tempfile.mkdtemp(prefix="keras-mha-docs-"))
+        self.folder = scratch_folder()
         self.namespace: dict = {"__name__": "__main__"}
         self.done: dict[int, BaseException | None] = {}
 
@@ -285,7 +297,7 @@ def update_outputs(path: Path) -> int:
     for block in reversed(parse_blocks(str(path), text)):
         if block.language != "console" or block.skip_reason or "..." in block.code:
             continue
-        folder = Path(tempfile.mkdtemp(prefix="keras-mha-docs-"))
+        folder = scratch_folder()
         lines = []
         for command in console_commands(block.code):
             lines += command.source
