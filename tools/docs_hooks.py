@@ -197,7 +197,22 @@ def _gpu_value(field: str, value: object) -> str:
         return f"{value // 2**20:,} MiB"
     if isinstance(value, (tuple, list)):
         return ", ".join(f"`{item}`" for item in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1e4:
+        return si_number(value)
     return str(value)
+
+
+def si_number(value: float) -> str:
+    """A large number with an SI prefix, the unit left to the column's name.
+
+    Example:
+        >>> si_number(3.35e12), si_number(989_000_000_000_000)
+        ('3.35 T', '989 T')
+    """
+    for exponent, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if value >= 10**exponent:
+            return f"{value / 10**exponent:.4g} {prefix}"
+    return f"{value:g}"
 
 
 def gpu_table() -> str:
