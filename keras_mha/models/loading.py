@@ -19,16 +19,18 @@ Example:
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
 from keras_mha.models.families import activation_name, traits_for
+from keras_mha.models.local_files import file_in_folder
 from keras_mha.models.safetensors_reader import (
     INDEX_FILE_NAME,
     SINGLE_FILE_NAME,
     SafetensorsCheckpoint,
+    count_nonfinite,
+    read_weight_map,
 )
 from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
 
@@ -160,6 +162,7 @@ def _local_directory(source: str, revision) -> Path | None:
             f"config.json and {SINGLE_FILE_NAME} (or {INDEX_FILE_NAME} and its shards)",
             path=str(path),
         )
+    file_in_folder(path, "config.json")  # a symlink leading out of the folder is refused
     return path
 
 
@@ -185,14 +188,7 @@ def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
 
     index = download(INDEX_FILE_NAME)
     if index is not None:
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CheckpointError(
-                f"{source}: {INDEX_FILE_NAME} is not a safetensors index ({error})",
-                model_id=source,
-            ) from None
-        for shard in shards:
+        for shard in sorted(set(read_weight_map(index).values())):
             if Path(shard).name != shard or download(shard) is None:
                 raise CheckpointError(
                     f"{source}: shard {shard!r} named in {INDEX_FILE_NAME} could not be fetched",
@@ -352,6 +348,7 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     for rule in bound:
         variables = [resolve(model, path) for path in rule.variables]
         tensor = checkpoint.read(rule.hub_name)
+        _warn_if_nonfinite(checkpoint, rule.hub_name, tensor)
         values = rule.transform.to_keras(tensor, [tuple(v.shape) for v in variables])
         del tensor
         # A fused tensor's parts are views of one buffer: each variable gets its own copy.
@@ -362,6 +359,18 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
         _return_freed_memory()
     initialize_rest(model.variables)
     return sources
+
+
+def _warn_if_nonfinite(checkpoint: SafetensorsCheckpoint, key: str, tensor) -> None:
+    """A warning naming a tensor that holds NaN or infinite values (one pass over its bits)."""
+    count = count_nonfinite(tensor)
+    if count:
+        warnings.warn(
+            f"{checkpoint.file_of(key)}: tensor {key!r} holds {count} NaN or infinite "
+            f"value(s) of {tensor.size}; outputs that depend on it will be NaN or inf",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _return_freed_memory():
