@@ -274,7 +274,8 @@ def test_table_output_and_non_uniform_keras_model(sources, tmp_path, capsys):
         ("decoder", ["--target", "16", "--method", "magnitude"], 16, "at most 6 can go"),
         ("decoder", ["--target", "3", "--method", "magnitude"], 16, "multiple of 2"),
         ("decoder", ["--target", "25%", "--method", "bogus"], 2, "--method 'bogus' is not"),
-        ("decoder", ["--target", "25%", "--seq-len", "4096"], 2, "too short to score heads"),
+        ("decoder", ["--target", "25%", "--seq-len", "4096"], 2, "--seq-len 4096: .*=64; "),
+        ("decoder", ["--target", "25%", "--max-tokens", "40"], 2, "too short to score heads"),
         ("decoder", ["--target", "25%", "--method", "taylor"], 2, "pass --data FILE"),
         # One sentence per batch has a contrastive loss of exactly 0: nothing to score with.
         ("encoder", ["--target", "4", "--batch-size", "1"], 2, "--batch-size 1: .*at least 2$"),

@@ -120,8 +120,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--seq-len",
         type=positive_int_type("--seq-len"),
-        default=DEFAULT_SEQ_LEN,
-        help=f"tokens per example (default {DEFAULT_SEQ_LEN})",
+        default=None,
+        help=f"tokens per example, at most the model's max_position_embeddings (default "
+        f"{DEFAULT_SEQ_LEN}, or max_position_embeddings when smaller)",
     )
     parser.add_argument(
         "--batch-size",
@@ -172,7 +173,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
-    from keras_mha.models.export_files import check_output_file, check_output_folder, parse_size
+    from keras_mha.models.export_files import (
+        check_not_in_source,
+        check_output_file,
+        check_output_folder,
+        parse_size,
+    )
 
     if arguments.method not in METHODS:
         raise UsageError(
@@ -199,14 +205,18 @@ def _check_arguments(arguments):
             key="--max-shard-size",
             value=arguments.max_shard_size,
         ) from error
-    source = Path(arguments.source)
-    check_output_folder(
-        arguments.out,
-        overwrite=arguments.overwrite,
-        source=source if source.is_dir() else None,
-    )
+    source = Path(arguments.source).expanduser()
+    sources = [source] if source.is_dir() else []
+    check_output_folder(arguments.out, overwrite=arguments.overwrite, source=sources)
+    if sources:
+        from keras_mha.models.export import source_files
+
+        source_files(source)  # the files the export copies stay inside SOURCE
     if arguments.heatmap:
         check_output_file(arguments.heatmap, suffix=".png", argument="--heatmap")
+        check_not_in_source(
+            arguments.heatmap, sources, argument="--heatmap", shown=arguments.heatmap
+        )
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
@@ -215,6 +225,33 @@ def _check_arguments(arguments):
             raise MissingDependencyError(
                 "--heatmap needs matplotlib: pip install 'keras-mha[plot]'"
             )
+
+
+def _fit_to_model(model, arguments):
+    """--seq-len within the model's positions (the default shrinks to them), and a batch of
+    --batch-size such sequences within the device's memory; refused before any work."""
+    from keras_mha.models import export as exporting
+    from keras_mha.models.limits import check_memory, max_positions, model_spec
+
+    positions = max_positions(model)
+    if arguments.seq_len is None:
+        arguments.seq_len = min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN)
+    elif positions is not None and arguments.seq_len > positions:
+        raise UsageError(
+            f"--seq-len {arguments.seq_len}: this model has max_position_embeddings={positions}; "
+            f"expected at most {positions}",
+            key="--seq-len",
+            value=arguments.seq_len,
+        )
+    spec = model_spec(model)
+    if spec is not None:
+        check_memory(
+            spec,
+            batch=arguments.batch_size,
+            seq_len=arguments.seq_len,
+            dtype=exporting.compute_dtype(model),
+            argument="--batch-size / --seq-len",
+        )
 
 
 def _prune_target(target, layers, uniform):
@@ -456,6 +493,7 @@ def run(arguments) -> int:
         arguments.source, dtype=arguments.dtype, revision=arguments.revision, token=arguments.token
     )
     kind = exporting.model_kind(model)
+    _fit_to_model(model, arguments)
     # Refuse a target the layers cannot take before any measuring or scoring.
     _choose_heads(model, _uniform_scores(model), arguments)
     directory = exporting.source_directory(model)
@@ -545,7 +583,8 @@ def _export(model, arguments):
             raise ExportError("the pruned model is not uniform although --uniform was given")
         from keras_mha.models.export_files import output_folder
 
-        with output_folder(arguments.out, overwrite=arguments.overwrite) as staging:
+        source = exporting.source_directory(model)
+        with output_folder(arguments.out, overwrite=arguments.overwrite, source=source) as staging:
             model.save(staging / "model.keras")
         out = Path(arguments.out)
         return {
