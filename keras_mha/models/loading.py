@@ -22,7 +22,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
+from keras_mha.cards.config_values import shown
+from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError, UsageError
 from keras_mha.models.families import activation_name, traits_for
 from keras_mha.models.local_files import file_in_folder
 from keras_mha.models.safetensors_reader import (
@@ -243,7 +244,11 @@ def choose_dtype(config: dict, dtype: str | None) -> str:
     if dtype is not None:
         dtype = str(dtype)
         if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype={dtype!r}; expected one of {list(SUPPORTED_DTYPES)} or None")
+            raise UsageError(
+                f"dtype={shown(dtype)}; expected one of {list(SUPPORTED_DTYPES)} or None",
+                key="dtype",
+                value=dtype,
+            )
         return dtype
     declared = config.get("torch_dtype") or config.get("dtype")
     if isinstance(config.get("text_config"), dict):
@@ -401,9 +406,15 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
 
     Raises:
         CheckpointError: no config.json or safetensors; tensors missing, unexpected or of
-            a shape the config does not imply.
+            a shape the config does not imply; a malformed safetensors file or index; a
+            file that resolves outside the folder (a `..` shard name, a symlink leading
+            elsewhere).
         ConfigError: a config value that cannot be read.
         UnsupportedModelError: a family or feature keras_mha.models does not build.
+        UsageError: `source` or `dtype` is not one of the values expected.
+
+    Warns:
+        UserWarning: a tensor holds NaN or infinite values (named, with their count).
 
     Example:
         >>> model = from_pretrained("path/to/tiny-llama")  # doctest: +SKIP
@@ -415,7 +426,9 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
     from keras_mha.models.deferred import deferred_variables
 
     if not isinstance(source, (str, Path)) or not str(source).strip():
-        raise ValueError(f"source={source!r}; expected a local folder or a Hub model id")
+        raise UsageError(
+            f"source={shown(source)}; expected a local folder or a Hub model id", key="source"
+        )
     source = str(source).strip()
     directory = _local_directory(source, revision)
     if directory is not None:
