@@ -31,30 +31,11 @@ from keras_mha.cli import main
 from keras_mha.errors import CheckpointError, ExportError, PathError, UsageError
 from keras_mha.models import build_model, from_pretrained, generate, limits, save_pretrained
 from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
+from tests import test_models_api as models_api
 
-CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 32,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "num_hidden_layers": 1,
-    "intermediate_size": 48,
-    "vocab_size": 50,
-    "max_position_embeddings": 16,
-}
-BERT_CONFIG = {
-    "model_type": "bert",
-    "architectures": ["BertModel"],
-    "hidden_size": 32,
-    "num_attention_heads": 4,
-    "num_hidden_layers": 1,
-    "intermediate_size": 48,
-    "vocab_size": 50,
-    "max_position_embeddings": 16,
-    "type_vocab_size": 2,
-}
+# The tiny shapes of test_models_api, with one layer and 16 positions.
+CONFIG = {**models_api.CONFIG, "num_hidden_layers": 1, "max_position_embeddings": 16}
+BERT_CONFIG = {**models_api.BERT_CONFIG, "num_hidden_layers": 1}
 GOOD = np.arange(1, 17, dtype="int32").reshape(4, 4)
 
 
