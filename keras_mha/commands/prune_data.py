@@ -325,12 +325,14 @@ def split_sentences(text):
     return sentences
 
 
-def encoder_sentences(tokenizer, text, seq_len, max_tokens=None, *, argument="--data"):
+def encoder_sentences(
+    tokenizer, text, seq_len, max_tokens=None, *, argument="--data", min_sentences=2
+):
     """Tokenise the sentences of `text` for an encoder, padded to the longest.
 
     Raises:
-        UsageError: fewer than 2 sentences (the encoder score compares sentences
-            with each other).
+        UsageError: fewer than `min_sentences` sentences (the encoder score compares
+            sentences with each other, so it needs 2).
 
     Example:
         >>> data = encoder_sentences(tokenizer, "One. Two.", seq_len=16)  # doctest: +SKIP
@@ -351,10 +353,10 @@ def encoder_sentences(tokenizer, text, seq_len, max_tokens=None, *, argument="--
             break
         rows.append(ids)
         total += len(ids)
-    if len(rows) < 2:
+    if len(rows) < min_sentences:
         raise UsageError(
             f"{argument}: {len(rows)} sentence(s) within --max-tokens is too little to score "
-            "an encoder's heads; expected at least 2 sentences of text",
+            f"an encoder's heads; expected at least {min_sentences} sentences of text",
             value=len(rows),
         )
     length = max(len(ids) for ids in rows)
