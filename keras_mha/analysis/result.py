@@ -33,7 +33,31 @@ from keras_mha.analysis.roles import (
     SYNTACTIC_PREFIX,
     LayerRoles,
 )
-from keras_mha.analysis.statistics import STATISTIC_NAMES
+
+#: Colours of the roles in the pictures (Okabe-Ito, readable with colour blindness).
+ROLE_COLORS = {
+    "previous-token": "#0072B2",
+    "next-token": "#56B4E9",
+    "self": "#009E73",
+    "first-token": "#D55E00",
+    "delimiter": "#E69F00",
+    "rare-token": "#CC79A7",
+    "broad": "#F0E442",
+    "local": "#A6D96A",
+    MIXED: "#D9D9D9",
+}
+SYNTACTIC_COLOR = "#7B3294"
+
+
+def role_color(role):
+    """The colour of `role` (every syntactic role shares one).
+
+    Example:
+        >>> role_color("syntactic:det") == SYNTACTIC_COLOR
+        True
+    """
+    return SYNTACTIC_COLOR if role.startswith(SYNTACTIC_PREFIX) else ROLE_COLORS[role]
+
 
 #: Grid labels of the roles (syntactic heads show their relation in upper case).
 SHORT_LABELS = {
@@ -222,7 +246,7 @@ class HeadRoles:
             sections.append(("importance (layer x head)", header, rows, notes))
         if self.survival is not None:
             rows = []
-            for role in self.survival["25%"]:
+            for role in counts:
                 cells = [role, str(self.survival["25%"][role]["heads"])]
                 for level in ("25%", "50%"):
                     entry = self.survival[level][role]
@@ -292,4 +316,12 @@ class HeadRoles:
         return "\n".join(lines)
 
 
-__all__ = ["SHORT_LABELS", "STATISTIC_NAMES", "HeadRoles", "LayerRoles", "short_label"]
+__all__ = [
+    "ROLE_COLORS",
+    "SHORT_LABELS",
+    "SYNTACTIC_COLOR",
+    "HeadRoles",
+    "LayerRoles",
+    "role_color",
+    "short_label",
+]

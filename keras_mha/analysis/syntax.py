@@ -412,7 +412,7 @@ class SyntaxReport:
                 [
                     relation,
                     str(self.words[relation]),
-                    f"{layer}.{head}",
+                    f"L{layer} H{head}",
                     f"{accuracy:.2f}",
                     f"{baseline:.2f} ({offset:+d})",
                     "yes" if self.is_syntactic(relation) else "",
@@ -424,7 +424,7 @@ class SyntaxReport:
             f"syntactic = best head beats the best fixed offset by {SYNTAX_MARGIN:.2f} over "
             f"at least {MIN_RELATION_WORDS} dependents",
         ]
-        header = ["relation", "words", "best layer.head", "accuracy", "baseline (offset)", "syn"]
+        header = ["relation", "words", "best head", "accuracy", "baseline (offset)", "syn"]
         return ("syntactic heads (dependent -> its head)", header, rows, notes)
 
 
