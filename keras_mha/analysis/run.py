@@ -107,7 +107,8 @@ def head_roles(
         seq_len: tokens per decoder window / at most per encoder sentence.
         special_ids, delimiter_ids: override the tokenizer's special / punctuation ids
             (with token ids and no tokenizer, the only source of them).
-        treebank: a CoNLL-U file path, for syntactic heads (`keras_mha.analysis.syntax`).
+        treebank: a CoNLL-U file path (or `syntax.TreebankSentence`s), for syntactic heads
+            (`keras_mha.analysis.syntax`); read and tokenised before the model runs.
         importance: `{path: scores}` from `keras_mha.pruning.head_importance`, to
             report which roles survive 25% / 50% pruning; `importance_method` names it.
         progress: draw a progress bar on stderr (True), never (False), or only on a
@@ -137,6 +138,11 @@ def head_roles(
     causal = is_causal(layers)
     if isinstance(data, str) or treebank is not None or tokenizer is not None:
         tokenizer = model_tokenizer(model, tokenizer)
+    treebank_data = None
+    if treebank is not None:
+        from keras_mha.analysis.syntax_run import prepare_treebank
+
+        treebank_data = prepare_treebank(treebank, tokenizer, seq_len=seq_len)
     prepared = token_data(
         model_inputs(model),
         data,
@@ -181,12 +187,10 @@ def head_roles(
         run_model(model, prepared, lambda i: current.update(batch=i), bar)
 
     syntax = None
-    if treebank is not None:
+    if treebank_data is not None:
         from keras_mha.analysis.syntax_run import treebank_accuracy
 
-        syntax = treebank_accuracy(
-            model, layers, treebank, tokenizer, batch_size=batch_size, seq_len=seq_len
-        )
+        syntax = treebank_accuracy(model, layers, treebank_data, batch_size=batch_size)
     winners = syntax.syntactic_heads() if syntax is not None else {}
     layer_roles = []
     for index, stats in enumerate(statistics.values()):

@@ -24,6 +24,9 @@ import numpy as np
 
 #: Keys within this many positions of the query (either side) count as `local`.
 LOCAL_WINDOW = 2
+#: A query counts for `rare` only when its rarest visible content tokens are at most this
+#: share of what it sees: when most tokens tie (little text, each word once), none stands out.
+RARE_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,8 @@ class HeadStatistics:
             if token_counts:
                 content = real & ~special & ~delimiter & ~is_first
                 rare = rarest_keys(ids, content, visible, token_counts)
-                key_sets["rare"] = (rare, queries & rare.any(axis=-1))
+                stands_out = rare.sum(axis=-1) <= RARE_SHARE * visible.sum(axis=-1)
+                key_sets["rare"] = (rare, queries & rare.any(axis=-1) & stands_out)
 
         log_visible = np.log(np.maximum(visible.sum(axis=-1), 2))
         distance = np.abs(offset).astype("float64")
@@ -255,6 +259,7 @@ def _shifted(visible, offset):
 
 __all__ = [
     "LOCAL_WINDOW",
+    "RARE_SHARE",
     "STATISTICS",
     "STATISTIC_NAMES",
     "HeadStatistics",

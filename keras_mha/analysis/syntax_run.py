@@ -1,8 +1,8 @@
 """Running a model over a treebank's sentences to score each head's syntax (`syntax`).
 
 Example:
-    >>> report = treebank_accuracy(model, layers, "ewt-sample.conllu", tokenizer,
-    ...                            batch_size=8, seq_len=128)  # doctest: +SKIP
+    >>> prepared = prepare_treebank("ewt-sample.conllu", tokenizer, seq_len=128)  # doctest: +SKIP
+    >>> report = treebank_accuracy(model, layers, prepared, batch_size=8)  # doctest: +SKIP
     >>> report.best("det")  # doctest: +SKIP
     (3, 7, 0.95)
 """
@@ -21,19 +21,26 @@ from keras_mha.analysis.syntax import (
 )
 
 
-def treebank_accuracy(model, layers, path, tokenizer, *, batch_size, seq_len, argument="--conllu"):
-    """A `SyntaxReport` of every head of `layers` on the CoNLL-U file at `path`.
+def prepare_treebank(treebank, tokenizer, *, seq_len, argument="--conllu"):
+    """`(aligned sentences, skipped reasons, source name)` of a CoNLL-U path or of
+    `TreebankSentence`s, tokenised; raises before any model runs when nothing aligns."""
+    if isinstance(treebank, (str, Path)):
+        sentences, source = read_treebank(treebank, argument=argument), Path(treebank).name
+    else:
+        sentences, source = list(treebank), "the treebank"
+    aligned, skipped = align_treebank(
+        sentences, tokenizer, max_tokens_per_sentence=seq_len, argument=argument
+    )
+    return aligned, skipped, source
 
-    Sentences of more than `seq_len` tokens are skipped (and listed in the report).
-    """
+
+def treebank_accuracy(model, layers, prepared, *, batch_size):
+    """A `SyntaxReport` of every head of `layers` on `prepared` (from `prepare_treebank`)."""
     from keras_mha.analysis.data import TokenData
     from keras_mha.analysis.run import model_inputs, run_model, takes_padding_mask
     from keras_mha.layers.attention_probe import record_attention
 
-    sentences = read_treebank(path, argument=argument)
-    aligned, skipped = align_treebank(
-        sentences, tokenizer, max_tokens_per_sentence=seq_len, argument=argument
-    )
+    aligned, skipped, source = prepared
     if not takes_padding_mask(model):
         batch_size = 1  # the model would see the padding
     to_inputs = model_inputs(model)
@@ -62,7 +69,7 @@ def treebank_accuracy(model, layers, path, tokenizer, *, batch_size, seq_len, ar
 
     with record_attention(model, on_attention):
         run_model(model, data, lambda i: current.update(batch=i))
-    return SyntaxReport.from_accuracy(counts, aligned, skipped, source=Path(path).name)
+    return SyntaxReport.from_accuracy(counts, aligned, skipped, source=source)
 
 
-__all__ = ["treebank_accuracy"]
+__all__ = ["prepare_treebank", "treebank_accuracy"]

@@ -117,11 +117,11 @@ def _check_arguments(arguments):
         )
     check_text_file(arguments.text, argument="--text")
     if arguments.conllu is not None:
-        check_text_file(arguments.conllu, argument="--conllu")
-        if importlib.util.find_spec("conllu") is None:
-            raise MissingDependencyError(
-                "--conllu needs the `conllu` package: pip install 'keras-mha[heads]'"
-            )
+        from keras_mha.analysis.syntax import read_treebank
+
+        # Parsed now (and again, cheaply, by head_roles), so that a file that is not
+        # CoNLL-U is refused before the model loads.
+        read_treebank(arguments.conllu, argument="--conllu")
     if arguments.plot:
         check_output_file(arguments.plot, suffix=".png", argument="--plot")
         if importlib.util.find_spec("matplotlib") is None:
