@@ -63,7 +63,9 @@ def test_planted_encoder_heads_get_their_roles_and_hand_computed_statistics():
         token_counts=COUNTS,
     )
     assert result.roles == roles
-    stats = {name: dict(zip(roles, values)) for name, values in result.statistics.items()}
+    stats = {
+        name: dict(zip(roles, values, strict=True)) for name, values in result.statistics.items()
+    }
     # previous: 7 queries have a previous token, all of them put 1.0 on it.
     assert stats["previous"]["previous-token"] == pytest.approx(1.0)
     # self: the previous-token head's first query falls back on itself: 1 of 8.

@@ -96,8 +96,7 @@ def test_a_planted_syntactic_head_is_perfect_and_wins_where_the_baseline_leaves_
     expected = {
         r
         for r, (_, baseline) in report.baselines.items()
-        if report.words[r] >= MIN_RELATION_WORDS
-        and report.best(r)[2] >= baseline + SYNTAX_MARGIN
+        if report.words[r] >= MIN_RELATION_WORDS and report.best(r)[2] >= baseline + SYNTAX_MARGIN
     }
     assert expected and winners == {0: {0: winners[0][0]}} and winners[0][0] in expected
     assert set(report.to_dict()["relations"]) == set(report.accuracy)
@@ -130,6 +129,8 @@ def test_a_treebank_the_tokenizer_cannot_read_is_refused(tmp_path):
     english.pre_tokenizer = pre_tokenizers.Whitespace()
     english.train_from_iterator(["the cat sat on the mat"], trainers.BpeTrainer(vocab_size=60))
     path = tmp_path / "greek.conllu"
-    path.write_text("1\tγάτα\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tκάθεται\t_\tVERB\t_\t_\t0\troot\t_\t_\n")
+    path.write_text(
+        "1\tγάτα\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tκάθεται\t_\tVERB\t_\t_\t0\troot\t_\t_\n"
+    )
     with pytest.raises(UsageError, match=r"none of its 1 sentences matches the model's tokenizer"):
         align_treebank(read_treebank(path), english, max_tokens_per_sentence=128)

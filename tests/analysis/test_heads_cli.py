@@ -1,0 +1,178 @@
+"""`keras-mha heads` end to end on the real all-MiniLM-L6-v2, and its refusals.
+
+One run reads the shipped public-domain text and EWT sample with magnitude importance
+and writes the plot and the page (`--format json`): the JSON keys, the role grid, the
+syntax report and the survival counts are checked, the PNG is a PNG, and the page is
+opened in Debian's chromium through Playwright with the network cut (no request may
+leave the file), a cell is clicked and the head's token-to-token view must appear.
+Bad input gets one line on stderr, the exit code of `keras_mha.errors` and no file.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import keras
+import pytest
+
+from keras_mha.cli import main
+from tests.test_rebuild_minilm import minilm_directory
+
+DATA = Path(__file__).parents[2] / "examples" / "data" / "heads"
+TEXT = DATA / "public-domain.txt"
+TREEBANK = DATA / "ewt-sample.conllu"
+CHROMIUM = "/usr/bin/chromium"
+
+# The whole run loads the model and checks the outputs, whose figures do not depend on
+# the backend (the statistics are checked against transformers on every backend in
+# test_transformers_maps.py): once, on the torch leg.
+pytestmark = pytest.mark.backend_independent
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("heads_cli")
+    text = out / "text.txt"
+    text.write_text("\n\n".join(TEXT.read_text().split("\n\n")[:3]))
+    arguments = [
+        "heads", str(minilm_directory()), "--text", str(text), "--conllu", str(TREEBANK),
+        "--importance", "magnitude", "--plot", str(out / "heads.png"),
+        "--html", str(out / "heads.html"), "--format", "json",
+    ]  # fmt: skip
+    return out, arguments
+
+
+def test_json_report_plot_and_page(run, capsys):
+    out, arguments = run
+    capsys.readouterr()
+    assert main(arguments) == 0
+    captured = capsys.readouterr()
+    assert "warning:" not in captured.err
+    report = json.loads(captured.out)
+    assert report["architecture"] == "encoder" and len(report["layers"]) == 6
+    head = report["layers"][0]["heads"][2]
+    assert head["role"] == "previous-token" and head["statistics"]["previous"] > 0.9
+    assert head["importance"] > 0 and set(head["statistics"]) >= {"entropy", "rare", "first"}
+    assert sum(report["role_counts"].values()) == 72
+    assert set(report["survival"]) == {"25%", "50%", "removed"}
+    kept = report["survival"]["50%"]
+    assert sum(entry["heads"] - entry["kept"] for entry in kept.values()) == 36
+    relations = report["syntax"]["relations"]
+    assert relations["det"]["words"] == 24 and report["syntax"]["sentences"] == 27
+    assert report["thresholds"]["previous-token"] == {"statistics": ["previous"], "at_least": 0.5}
+    assert (out / "heads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "heads.html").read_text()
+    # Nothing to fetch: no src/href attribute, no CSS url(), no import.
+    assert not any(word in page for word in ("src=", "href=", "url(", "@import", "fetch("))
+
+
+def test_table_and_markdown_outputs(run, capsys):
+    _, arguments = run
+    base = [*arguments[:4], "--max-tokens", "48"]  # heads MODEL --text FILE, two sentences
+    for output_format, marker in (("table", "roles (layer x head)"), ("markdown", "## roles")):
+        capsys.readouterr()
+        assert main([*base, "--format", output_format]) == 0
+        text = capsys.readouterr().out
+        assert marker in text and "prev" in text and "heads per role" in text
+
+
+def test_the_page_works_offline_in_chromium(run):
+    out, _ = run
+    page_file = out / "heads.html"
+    if not page_file.exists():
+        pytest.skip("needs test_json_report_plot_and_page's page (same module, same worker)")
+    if not (Path(CHROMIUM).exists() and _has_playwright()):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have {CHROMIUM} and playwright (see .ci/run)")
+        pytest.skip(f"needs {CHROMIUM} and playwright")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(offline=True)
+            requests, errors = [], []
+            context.on("request", lambda request: requests.append(request.url))
+            page = context.new_page()
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(page_file.as_uri())
+            assert page.locator("td[data-layer]").count() == 72
+            page.click('td[data-layer="0"][data-head="2"]')
+            assert "head 2: previous-token" in page.inner_text("#head-title")
+            tokens = page.locator("#attention svg text.query")
+            assert tokens.count() > 3 and tokens.first.text_content() == "[CLS]"
+            assert page.locator("#attention svg line").count() >= tokens.count() - 1
+            first_sentence = tokens.count()
+            page.select_option("#sentence", "1")  # another sentence, another length
+            assert page.locator("#attention svg text.query").count() != first_sentence
+        finally:
+            browser.close()
+    assert requests == [page_file.as_uri()] and errors == []
+
+
+def _has_playwright():
+    import importlib.util
+
+    return importlib.util.find_spec("playwright") is not None
+
+
+def _no_attention_model(path):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "case, code, message",
+    [
+        ("empty text", 2, r"--text: .* is empty; expected plain text"),
+        ("binary text", 14, r"--text: .* looks binary"),
+        ("not utf-8", 14, r"--text: .* is not UTF-8 text"),
+        ("conllu does not parse", 2, r"--conllu: the sentence at line 1 is not CoNLL-U"),
+        ("conllu does not match", 2, r"--conllu: none of its 1 sentences matches the model's"),
+        ("no attention layers", 15, r"MODEL: .* has no keras-mha attention layer"),
+        ("bad importance", 2, r"--importance 'bogus' is not a head-importance method"),
+        ("bad plot name", 14, r"--plot: .* does not end in \.png"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case, code, message):
+    import re
+
+    text = tmp_path / "text.txt"
+    text.write_text("A short text. It has two sentences.")
+    model = str(minilm_directory())
+    extra = []
+    if case == "empty text":
+        text.write_text("  \n\n")
+    elif case == "binary text":
+        text.write_bytes(b"\x00\x01\x02binary")
+    elif case == "not utf-8":
+        text.write_bytes(b"\xff\xfe\xfa")
+    elif case == "conllu does not parse":
+        (tmp_path / "bad.conllu").write_text("this is not\na treebank\n")
+        extra = ["--conllu", str(tmp_path / "bad.conllu")]
+    elif case == "conllu does not match":
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        # An English BPE without an unknown token drops Greek letters: no word gets a token.
+        english = Tokenizer(models.BPE())
+        english.pre_tokenizer = pre_tokenizers.Whitespace()
+        english.train_from_iterator(["a short text it has two sentences"], trainers.BpeTrainer())
+        english.save(str(tmp_path / "tokenizer.json"))
+        (tmp_path / "greek.conllu").write_text(
+            "1\tγάτα\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tκάθεται\t_\tVERB\t_\t_\t0\troot\t_\t_\n"
+        )
+        extra = ["--conllu", str(tmp_path / "greek.conllu"), "--tokenizer", str(tmp_path)]
+    elif case == "no attention layers":
+        model = str(_no_attention_model(tmp_path / "dense.keras"))
+    elif case == "bad importance":
+        extra = ["--importance", "bogus"]
+    elif case == "bad plot name":
+        extra = ["--plot", str(tmp_path / "heads.jpg")]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    arguments = ["heads", model, "--text", str(text), *extra, "--html", str(tmp_path / "h.html")]
+    assert main(arguments) == code
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and re.search(message, error[0]), error
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
