@@ -176,3 +176,37 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case, code, 
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and re.search(message, error[0]), error
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_decoder_reads_windows_and_scores_heads_with_taylor(tmp_path, capsys):
+    """A tiny Qwen2 (GQA) written by transformers, with a byte-level BPE of its own."""
+    import torch
+    import transformers
+
+    from tests.test_prune_cli import TEXT as PRUNE_TEXT
+    from tests.test_prune_cli import _bpe_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = _bpe_tokenizer(PRUNE_TEXT)
+    config = transformers.Qwen2Config(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    transformers.Qwen2ForCausalLM(config).eval().save_pretrained(tmp_path / "decoder")
+    tokenizer.save(str(tmp_path / "decoder" / "tokenizer.json"))
+    (tmp_path / "text.txt").write_text(PRUNE_TEXT)
+    capsys.readouterr()
+    arguments = [
+        "heads", str(tmp_path / "decoder"), "--text", str(tmp_path / "text.txt"),
+        "--importance", "taylor", "--seq-len", "32", "--max-tokens", "256",
+        "--html", str(tmp_path / "heads.html"), "--format", "json",
+    ]  # fmt: skip
+    assert main(arguments) == 0
+    report = json.loads(capsys.readouterr().out)
+    # 256 tokens make 7 windows of 32 (each predicts one token past its end, as in prune).
+    assert report["architecture"] == "decoder" and report["data"]["tokens"] == 7 * 32
+    statistics = report["layers"][0]["heads"][0]["statistics"]
+    assert statistics["next"] is None and statistics["previous"] is not None
+    assert report["survival"]["50%"] and report["importance"] == {"method": "taylor"}
+    assert "heads-data" in (tmp_path / "heads.html").read_text()
