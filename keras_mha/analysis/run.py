@@ -26,11 +26,8 @@ from keras_mha.analysis.data import is_causal, model_tokenizer, token_data
 from keras_mha.analysis.result import HeadRoles
 from keras_mha.analysis.roles import LayerRoles, assign_roles
 from keras_mha.analysis.statistics import HeadStatistics
+from keras_mha.commands.options import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
 from keras_mha.errors import UsageError
-
-DEFAULT_BATCH_SIZE = 8
-DEFAULT_MAX_TOKENS = 16384
-DEFAULT_SEQ_LEN = 128
 
 
 def takes_padding_mask(model):

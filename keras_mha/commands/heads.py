@@ -20,15 +20,12 @@ import argparse
 import json
 from pathlib import Path
 
-from keras_mha.commands.options import positive_int_type
+from keras_mha.commands.options import add_hub_checkpoint_arguments, add_text_batching_arguments
 from keras_mha.errors import MissingDependencyError, UnsupportedModelError, UsageError
 
 IMPORTANCE_METHODS = ("taylor", "ablation", "magnitude")
 DTYPES = ("float32", "bfloat16", "float16")
 FORMATS = ("table", "json", "markdown")
-DEFAULT_MAX_TOKENS = 16384
-DEFAULT_SEQ_LEN = 128
-DEFAULT_BATCH_SIZE = 8
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -74,29 +71,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="PATH",
         help="tokenizer.json (or its folder) to read the text with (default: the checkpoint's)",
     )
-    parser.add_argument(
-        "--max-tokens",
-        type=positive_int_type("--max-tokens"),
-        default=DEFAULT_MAX_TOKENS,
-        help=f"read at most this many tokens of --text (default {DEFAULT_MAX_TOKENS})",
-    )
-    parser.add_argument(
-        "--seq-len",
-        type=positive_int_type("--seq-len"),
-        default=DEFAULT_SEQ_LEN,
-        help=f"tokens per decoder window, at most per sentence (default {DEFAULT_SEQ_LEN})",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int_type("--batch-size"),
-        default=DEFAULT_BATCH_SIZE,
-        help=f"sequences per forward pass (default {DEFAULT_BATCH_SIZE})",
+    add_text_batching_arguments(
+        parser,
+        text_flag="--text",
+        seq_len_help="tokens per decoder window, at most per sentence",
+        batch_help="sequences per forward pass",
     )
     parser.add_argument(
         "--dtype", choices=DTYPES, help="load and compute in this dtype (default: checkpoint's)"
     )
-    parser.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
-    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    add_hub_checkpoint_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
@@ -191,7 +175,7 @@ def _require_attention(model, arguments):
 
 def _importance(model, text, tokenizer, arguments, progress):
     """`{path: scores}` by `--importance`, on the same text as `keras-mha prune --data`."""
-    from keras_mha.commands import prune, prune_data
+    from keras_mha.commands import prune
     from keras_mha.models import export as exporting
     from keras_mha.models.decoder import DecoderModel
     from keras_mha.models.encoder import EncoderModel
@@ -207,24 +191,17 @@ def _importance(model, text, tokenizer, arguments, progress):
             key="--importance",
         )
     kind = exporting.model_kind(model)
-    scoring = argparse.Namespace(method=arguments.importance, batch_size=arguments.batch_size)
-    if kind == "decoder":
-        data = prune_data.decoder_windows(
-            tokenizer, text, arguments.seq_len, arguments.max_tokens, argument="--text"
-        )
-        reference = None
-    else:
-        if arguments.batch_size < 2:
-            raise UsageError(
-                f"--batch-size {arguments.batch_size}: an encoder is scored by comparing the "
-                "sentences of a batch with each other; expected at least 2",
-                key="--batch-size",
-            )
+    scoring = argparse.Namespace(
+        method=arguments.importance,
+        batch_size=arguments.batch_size,
+        seq_len=arguments.seq_len,
+        max_tokens=arguments.max_tokens,
+    )
+    data = prune.scoring_data(tokenizer, text, kind, scoring, argument="--text")
+    reference = None
+    if kind == "encoder":
         from keras_mha.commands.prune_report import encoder_embeddings
 
-        data = prune_data.encoder_sentences(
-            tokenizer, text, arguments.seq_len, arguments.max_tokens, argument="--text"
-        )
         reference = encoder_embeddings(model, data, arguments.batch_size)
     return prune.score_heads(model, kind, data, scoring, reference, progress)
 
