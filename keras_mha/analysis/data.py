@@ -94,6 +94,24 @@ def model_tokenizer(model, tokenizer, argument="tokenizer"):
     return load_tokenizer(folder, argument=argument)
 
 
+def checkpoint_tokenizer(model):
+    """The tokenizer beside the checkpoint `model` was loaded from, or None (no error).
+
+    Example:
+        >>> checkpoint_tokenizer(keras.Sequential()) is None  # doctest: +SKIP
+        True
+    """
+    from keras_mha.commands.prune_data import TOKENIZER_FILE_NAME, load_tokenizer
+
+    directory = getattr(model, "source_directory", None)
+    if directory is None or not (Path(directory) / TOKENIZER_FILE_NAME).is_file():
+        return None
+    try:
+        return load_tokenizer(directory)
+    except (ImportError, ValueError):
+        return None  # tokenizers missing or an unreadable file: the ids go without names
+
+
 def special_token_ids(tokenizer):
     """Ids of the tokenizer's special tokens ([CLS], [SEP], [PAD], BOS, EOS, ...).
 
@@ -279,6 +297,7 @@ def token_data(
 
 __all__ = [
     "TokenData",
+    "checkpoint_tokenizer",
     "count_tokens",
     "delimiter_token_ids",
     "is_causal",

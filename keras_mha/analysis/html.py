@@ -135,7 +135,7 @@ def render_page(result, examples):
     # JSON inside <script>: "<" escaped so that no text can close the element.
     payload = json.dumps(page_data(result, examples), allow_nan=False).replace("<", "\\u003c")
     title = html.escape(f"{result.model}: attention heads")
-    summary = html.escape(result._title())
+    summary = html.escape(result.summary())
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>

@@ -264,7 +264,8 @@ class HeadRoles:
             sections.append(self.syntax.section(self.layers))
         return sections
 
-    def _title(self):
+    def summary(self):
+        """One line: model, architecture, layers, heads, tokens read, backend."""
         heads = sum(layer.num_heads for layer in self.layer_roles)
         return (
             f"{self.model}: {self.architecture}, {len(self.layers)} attention layers, {heads} "
@@ -279,7 +280,7 @@ class HeadRoles:
         """
         from keras_mha.safe_text import one_line
 
-        lines = [one_line(self._title())]
+        lines = [one_line(self.summary())]
         for title, header, rows, notes in self._sections():
             widths = [
                 max(len(str(row[column])) for row in [header, *rows] if column < len(row))
@@ -302,7 +303,7 @@ class HeadRoles:
         """
         from keras_mha.cards.report import markdown_text as markdown_cell
 
-        lines = [f"# {markdown_cell(self._title())}"]
+        lines = [f"# {markdown_cell(self.summary())}"]
         for title, header, rows, notes in self._sections():
             lines += ["", f"## {title}", ""]
             lines.append("| " + " | ".join(markdown_cell(c) for c in header) + " |")

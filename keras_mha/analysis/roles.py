@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from keras_mha.analysis.statistics import STATISTIC_NAMES, HeadStatistics, as_probabilities
 
@@ -116,7 +116,6 @@ class LayerRoles:
     statistics: dict
     roles: list
     queries: int
-    syntactic: dict = field(default_factory=dict)
 
     @property
     def num_heads(self):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_mha.analysis.data import is_causal, model_tokenizer, token_data
+from keras_mha.analysis.data import checkpoint_tokenizer, is_causal, model_tokenizer, token_data
 from keras_mha.analysis.result import HeadRoles
 from keras_mha.analysis.roles import LayerRoles, assign_roles
 from keras_mha.analysis.statistics import HeadStatistics
@@ -135,6 +135,8 @@ def head_roles(
     causal = is_causal(layers)
     if isinstance(data, str) or treebank is not None or tokenizer is not None:
         tokenizer = model_tokenizer(model, tokenizer)
+    else:
+        tokenizer = checkpoint_tokenizer(model)  # names special and punctuation ids, if any
     treebank_data = None
     if treebank is not None:
         from keras_mha.analysis.syntax_run import prepare_treebank

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.backend_independent
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("heads_cli")
     text = out / "text.txt"
-    text.write_text("\n\n".join(TEXT.read_text().split("\n\n")[:3]))
+    text.write_text("\n\n".join(TEXT.read_text().split("\n\n")[:2]))  # 5 sentences
     arguments = [
         "heads", str(minilm_directory()), "--text", str(text), "--conllu", str(TREEBANK),
         "--importance", "magnitude", "--plot", str(out / "heads.png"),
