@@ -210,3 +210,28 @@ def test_a_decoder_reads_windows_and_scores_heads_with_taylor(tmp_path, capsys):
     assert statistics["next"] is None and statistics["previous"] is not None
     assert report["survival"]["50%"] and report["importance"] == {"method": "taylor"}
     assert "heads-data" in (tmp_path / "heads.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "flags, code, message",
+    [
+        (["--revision", "../../x"], 11, "revision"),
+        (["--token", "hf_abc\ndef"], 12, "token"),
+    ],
+)
+def test_hub_flags_follow_the_rules_of_the_other_commands(
+    tmp_path, monkeypatch, capsys, flags, code, message
+):
+    """A Hub id with a bad revision or token: one line, its exit code, no request made."""
+    from tests.hub_server import hub_environment, world_with_deep_working_directory
+
+    world = world_with_deep_working_directory(tmp_path, monkeypatch)
+    text = world / "text.txt"
+    text.write_text("A short text. It has two sentences.")
+    repos = {"org/tiny": {"main": {"config.json": b"{}", "model.safetensors": b"x"}}}
+    with hub_environment(world, monkeypatch, repos) as hub:
+        capsys.readouterr()
+        assert main(["heads", "org/tiny", "--text", str(text), *flags]) == code
+        assert hub.requests == []
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0] and "hf_abc" not in error[0]
