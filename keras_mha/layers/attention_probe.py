@@ -7,7 +7,8 @@ Statistics can so be accumulated batch by batch without keeping any map. Without
 callback, the probe keeps the maps of each layer's latest call (`probe.attention`),
 for looking at one batch.
 
-While recording, the layers take the generic (non-fused) path, as with
+Recording is per process (a block on one thread is seen by calls on others). While
+recording, the layers take the generic (non-fused) path, as with
 `return_attention_scores=True`, even with `flash_attention=True`; the eager PyTorch
 decode fast path is not taken either. Outputs are unchanged (to float round-off).
 Call the model eagerly (`model(inputs)`): inside `jax.jit`, `tf.function` or
@@ -30,27 +31,26 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 
 import keras
 import numpy as np
 
-# {id(layer): (path, callback)} of the layers being recorded in this context.
-_RECORDING = contextvars.ContextVar("keras_mha_attention_probe", default=None)
+# {id(layer): (path, callback)} of the layers being recorded, in this process. A plain
+# dict, not a ContextVar: torch.compile traces a check of an empty dict (the layer asks
+# on every call) but breaks its graph on ContextVar.get.
+_RECORDING: dict = {}
 
 
 def is_recording(layer) -> bool:
     """Whether `layer`'s probabilities are being recorded (it must not use a fused kernel)."""
-    recording = _RECORDING.get()
-    return recording is not None and id(layer) in recording
+    return bool(_RECORDING) and id(layer) in _RECORDING
 
 
 def observe(layer, probabilities) -> None:
     """Hand `layer`'s attention probabilities to its recorder, if it has one."""
-    recording = _RECORDING.get()
-    if recording is None or id(layer) not in recording:
+    if not _RECORDING or id(layer) not in _RECORDING:
         return
-    path, callback = recording[id(layer)]
+    path, callback = _RECORDING[id(layer)]
     callback(path, _eager_numpy(probabilities, path))
 
 
@@ -133,14 +133,16 @@ def record_attention(model, callback=None):
 
     layers = require_attention_layers(model)
     probe = AttentionProbe(layers, callback)
-    recording = dict(_RECORDING.get() or {})
-    for path, layer in layers.items():
-        recording[id(layer)] = (path, probe._receive)
-    token = _RECORDING.set(recording)
+    keys = [id(layer) for layer in layers.values()]
+    outer = {key: _RECORDING[key] for key in keys if key in _RECORDING}  # a nested block's
+    for key, path in zip(keys, layers, strict=True):
+        _RECORDING[key] = (path, probe._receive)
     try:
         yield probe
     finally:
-        _RECORDING.reset(token)
+        for key in keys:
+            _RECORDING.pop(key, None)
+        _RECORDING.update(outer)
 
 
 __all__ = ["AttentionProbe", "is_recording", "observe", "record_attention"]
