@@ -46,7 +46,7 @@ def attention_examples(model, tokenizer, text, *, causal, count=PAGE_SENTENCES):
     tokens for encoders; with its prefix (BOS) only for decoders.
     """
     from keras_mha.analysis.run import model_inputs
-    from keras_mha.commands.prune_data import _prefix_tokens, split_sentences
+    from keras_mha.commands.prune_data import prefix_tokens, split_sentences
     from keras_mha.layers.attention_probe import record_attention
     from keras_mha.pruning.discovery import require_attention_layers
     from keras_mha.pruning.gate_gradients import no_gradient_tracking
@@ -54,7 +54,7 @@ def attention_examples(model, tokenizer, text, *, causal, count=PAGE_SENTENCES):
     layers = require_attention_layers(model)
     heads = max(layer.num_heads for layer in layers.values())
     to_inputs = model_inputs(model)
-    prefix = _prefix_tokens(tokenizer) if causal else []
+    prefix = prefix_tokens(tokenizer) if causal else []
     examples = []
     for sentence in split_sentences(text):
         if causal:

@@ -160,8 +160,13 @@ def characters_to_read(max_tokens):
     return None if max_tokens is None else max_tokens * _CHARACTERS_PER_TOKEN_READ
 
 
-def _prefix_tokens(tokenizer):
-    """Special tokens the tokenizer's post-processor puts before a text (e.g. `<s>`)."""
+def prefix_tokens(tokenizer):
+    """Special tokens the tokenizer's post-processor puts before a text (e.g. `<s>`).
+
+    Example:
+        >>> prefix_tokens(llama_tokenizer)  # doctest: +SKIP
+        [128000]
+    """
     probe = "Hello world"
     plain = tokenizer.encode(probe, add_special_tokens=False).ids
     full = tokenizer.encode(probe, add_special_tokens=True).ids
@@ -275,7 +280,7 @@ def decoder_windows(tokenizer, text, seq_len, max_tokens=None, *, argument="--da
         >>> bool((data.inputs[0, 1:] == data.targets[0, :-1]).all())  # doctest: +SKIP
         True
     """
-    prefix = _prefix_tokens(tokenizer)
+    prefix = prefix_tokens(tokenizer)
     content_per_window = seq_len - len(prefix)
     if content_per_window < 1:
         raise UsageError(
