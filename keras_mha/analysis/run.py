@@ -6,9 +6,8 @@ map outlives its layer's call. Peak memory beyond the model's own forward pass: 
 layer's map as float32 on the host, `batch * heads * T * T * 4` bytes, plus masks and
 float64 temporaries of one head at a time, about `4 * batch * T * T * 8` bytes (batch 8,
 12 heads, T = 128: 6 MiB, and 3.7 MiB measured by tracemalloc). The fused attention
-kernels are off while recording, so
-each layer's forward pass also holds its logits and probabilities on the device, as
-`return_attention_scores=True` does.
+kernels are off while recording, so each layer's forward pass also holds its logits and
+probabilities on the device, as `return_attention_scores=True` does.
 
 Example:
     >>> from keras_mha.models import from_pretrained
