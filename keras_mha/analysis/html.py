@@ -40,12 +40,14 @@ def _token_text(tokenizer, token_id):
 
 def attention_examples(model, tokenizer, text, *, causal, count=PAGE_SENTENCES):
     """`[{"text", "tokens", "attention"}]` for the first `count` sentences of `text` that
-    have 3 to `PAGE_MAX_TOKENS` tokens; `attention` is `(layers, max heads, T, T)` uint8.
+    have 3 to `PAGE_MAX_TOKENS` tokens; `attention` is `(layers, max heads, T, T)` uint8,
+    base64-encoded.
 
     Each sentence is encoded as the model reads text: with the tokenizer's special
-    tokens for encoders; with its prefix (BOS) only for decoders.
+    tokens for encoders; with its prefix (BOS) only for decoders. keras-mha's whole
+    models read them in one padded batch; other models one sentence at a time.
     """
-    from keras_mha.analysis.run import model_inputs
+    from keras_mha.analysis.run import model_inputs, takes_padding_mask
     from keras_mha.commands.prune_data import prefix_tokens, split_sentences
     from keras_mha.layers.attention_probe import record_attention
     from keras_mha.pruning.discovery import require_attention_layers
@@ -53,32 +55,41 @@ def attention_examples(model, tokenizer, text, *, causal, count=PAGE_SENTENCES):
 
     layers = require_attention_layers(model)
     heads = max(layer.num_heads for layer in layers.values())
-    to_inputs = model_inputs(model)
     prefix = prefix_tokens(tokenizer) if causal else []
-    examples = []
+    chosen = []
     for sentence in split_sentences(text):
         if causal:
             ids = prefix + tokenizer.encode(sentence, add_special_tokens=False).ids
         else:
             ids = tokenizer.encode(sentence, add_special_tokens=True).ids
-        if not 3 <= len(ids) <= PAGE_MAX_TOKENS:
-            continue
-        token_ids = np.array([ids], dtype="int32")
-        with record_attention(model) as probe, no_gradient_tracking():
-            model(to_inputs(token_ids, np.ones_like(token_ids, dtype=bool)), training=False)
-        weights = np.zeros((len(layers), heads, len(ids), len(ids)), dtype="uint8")
-        for index, path in enumerate(layers):
-            maps = probe.attention[path][0]
-            weights[index, : maps.shape[0]] = np.round(np.clip(maps, 0, 1) * 255)
-        examples.append(
-            {
-                "text": sentence,
-                "tokens": [_token_text(tokenizer, i) for i in ids],
-                "attention": base64.b64encode(weights.tobytes()).decode("ascii"),
-            }
-        )
-        if len(examples) == count:
+        if 3 <= len(ids) <= PAGE_MAX_TOKENS:
+            chosen.append((sentence, ids))
+        if len(chosen) == count:
             break
+    groups = [chosen] if takes_padding_mask(model) else [[item] for item in chosen]
+    to_inputs = model_inputs(model)
+    examples = []
+    for group in groups if chosen else []:
+        length = max(len(ids) for _, ids in group)
+        token_ids = np.zeros((len(group), length), dtype="int32")
+        mask = np.zeros((len(group), length), dtype=bool)
+        for row, (_, ids) in enumerate(group):
+            token_ids[row, : len(ids)], mask[row, : len(ids)] = ids, True
+        with record_attention(model) as probe, no_gradient_tracking():
+            model(to_inputs(token_ids, mask), training=False)
+        for row, (sentence, ids) in enumerate(group):
+            n = len(ids)
+            weights = np.zeros((len(layers), heads, n, n), dtype="uint8")
+            for index, path in enumerate(layers):
+                maps = probe.attention[path][row, :, :n, :n]
+                weights[index, : maps.shape[0]] = np.round(np.clip(maps, 0, 1) * 255)
+            examples.append(
+                {
+                    "text": sentence,
+                    "tokens": [_token_text(tokenizer, i) for i in ids],
+                    "attention": base64.b64encode(weights.tobytes()).decode("ascii"),
+                }
+            )
     return examples
 
 

@@ -34,9 +34,12 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("heads_cli")
     text = out / "text.txt"
     text.write_text("\n\n".join(TEXT.read_text().split("\n\n")[:2]))  # 5 sentences
+    # The first 12 sentences of the sample (the method itself: test_syntax.py).
+    treebank = out / "sample.conllu"
+    treebank.write_text("\n\n".join(TREEBANK.read_text().split("\n\n")[:12]) + "\n")
     arguments = [
-        "heads", str(minilm_directory()), "--text", str(text), "--conllu", str(TREEBANK),
-        "--importance", "magnitude", "--plot", str(out / "heads.png"),
+        "heads", str(minilm_directory()), "--text", str(text), "--conllu", str(treebank),
+        "--importance", "magnitude", "--batch-size", "16", "--plot", str(out / "heads.png"),
         "--html", str(out / "heads.html"), "--format", "json",
     ]  # fmt: skip
     return out, arguments
@@ -57,8 +60,10 @@ def test_json_report_plot_and_page(run, capsys):
     assert set(report["survival"]) == {"25%", "50%", "removed"}
     kept = report["survival"]["50%"]
     assert sum(entry["heads"] - entry["kept"] for entry in kept.values()) == 36
-    relations = report["syntax"]["relations"]
-    assert relations["det"]["words"] == 24 and report["syntax"]["sentences"] == 27
+    syntax = report["syntax"]
+    assert syntax["sentences"] == 12 and syntax["source"] == "sample.conllu"
+    det = syntax["relations"]["det"]
+    assert det["best"]["accuracy"] >= det["baseline"]["accuracy"] and det["words"] > 0
     assert report["thresholds"]["previous-token"] == {"statistics": ["previous"], "at_least": 0.5}
     assert (out / "heads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "heads.html").read_text()
@@ -66,14 +71,14 @@ def test_json_report_plot_and_page(run, capsys):
     assert not any(word in page for word in ("src=", "href=", "url(", "@import", "fetch("))
 
 
-def test_table_and_markdown_outputs(run, capsys):
+def test_markdown_output(run, capsys):
     _, arguments = run
     base = [*arguments[:4], "--max-tokens", "48"]  # heads MODEL --text FILE, two sentences
-    for output_format, marker in (("table", "roles (layer x head)"), ("markdown", "## roles")):
-        capsys.readouterr()
-        assert main([*base, "--format", output_format]) == 0
-        text = capsys.readouterr().out
-        assert marker in text and "prev" in text and "heads per role" in text
+    capsys.readouterr()
+    assert main([*base, "--format", "markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "## roles (layer x head)" in text and "| 0 | broad |" in text
+    assert "## heads per role" in text
 
 
 def test_the_page_works_offline_in_chromium(run):
@@ -210,6 +215,9 @@ def test_a_decoder_reads_windows_and_scores_heads_with_taylor(tmp_path, capsys):
     assert statistics["next"] is None and statistics["previous"] is not None
     assert report["survival"]["50%"] and report["importance"] == {"method": "taylor"}
     assert "heads-data" in (tmp_path / "heads.html").read_text()
+    assert main([*arguments[:4], "--max-tokens", "64", "--seq-len", "32"]) == 0  # the table
+    table = capsys.readouterr().out
+    assert "roles (layer x head)" in table and "heads per role" in table
 
 
 @pytest.mark.parametrize(
