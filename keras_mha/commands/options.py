@@ -75,6 +75,98 @@ def positive_int_type(flag: str):
     return convert
 
 
+#: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
+DEFAULT_MAX_TOKENS = 16384
+DEFAULT_SEQ_LEN = 128
+DEFAULT_BATCH_SIZE = 8
+
+
+def add_text_batching_arguments(
+    parser: argparse.ArgumentParser, *, text_flag: str, seq_len_help: str, batch_help: str
+) -> None:
+    """Add `--max-tokens`, `--seq-len` and `--batch-size` (positive integers) to a parser.
+
+    `--seq-len` stays None unless given: `fit_text_batching_to_model` then makes it
+    `DEFAULT_SEQ_LEN`, or the model's `max_position_embeddings` when that is smaller.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_text_batching_arguments(parser, text_flag="--data", seq_len_help="tokens per "
+        ...     "example", batch_help="examples per batch")
+        >>> parser.parse_args(["--seq-len", "64"]).seq_len
+        64
+    """
+    for flag, default, shown_default, help_text in (
+        (
+            "--max-tokens",
+            DEFAULT_MAX_TOKENS,
+            DEFAULT_MAX_TOKENS,
+            f"use at most this many tokens of {text_flag}",
+        ),
+        (
+            "--seq-len",
+            None,
+            f"{DEFAULT_SEQ_LEN}, or the model's max_position_embeddings when smaller",
+            f"{seq_len_help}, at most the model's max_position_embeddings",
+        ),
+        ("--batch-size", DEFAULT_BATCH_SIZE, DEFAULT_BATCH_SIZE, batch_help),
+    ):
+        parser.add_argument(
+            flag,
+            type=positive_int_type(flag),
+            default=default,
+            help=f"{help_text} (default {shown_default})",
+        )
+
+
+def fit_text_batching_to_model(model, arguments) -> None:
+    """Fit `--seq-len` to the model's positions (its default shrinks to them; a larger
+    value is refused) and refuse a `--batch-size` of such sequences that the device's
+    memory cannot hold, before any work.
+
+    Raises:
+        UsageError: naming the flag, the value and the limit.
+
+    Example:
+        >>> fit_text_batching_to_model(model, arguments)  # doctest: +SKIP
+    """
+    from keras_mha.errors import UsageError
+    from keras_mha.models.limits import check_memory, max_positions, model_spec
+
+    positions = max_positions(model)
+    if arguments.seq_len is None:
+        arguments.seq_len = min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN)
+    elif positions is not None and arguments.seq_len > positions:
+        raise UsageError(
+            f"--seq-len {arguments.seq_len}: this model has max_position_embeddings={positions}; "
+            f"expected at most {positions}",
+            key="--seq-len",
+            value=arguments.seq_len,
+        )
+    spec = model_spec(model)
+    if spec is not None:
+        check_memory(
+            spec,
+            batch=arguments.batch_size,
+            seq_len=arguments.seq_len,
+            dtype=str(getattr(model, "compute_dtype", None) or "float32"),
+            argument="--batch-size / --seq-len",
+        )
+
+
+def add_hub_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--revision` and `--token`, for a MODEL that may be a Hub model id.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_hub_checkpoint_arguments(parser)
+        >>> parser.parse_args(["--revision", "main"]).revision
+        'main'
+    """
+    parser.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+
+
 def seconds_type(text: str) -> float:
     """`--timeout`: a finite number of seconds in (0, `MAX_TIMEOUT_SECONDS`].
 
@@ -177,9 +269,14 @@ def memory_request(arguments: argparse.Namespace):
 
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_SEQ_LEN",
     "OPTIMIZERS",
     "PRECISIONS",
+    "add_hub_checkpoint_arguments",
     "add_memory_arguments",
+    "add_text_batching_arguments",
     "dtype_type",
     "memory_request",
     "memory_size_type",
