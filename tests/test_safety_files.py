@@ -420,10 +420,22 @@ def test_a_folder_where_the_export_writes_a_file_is_refused_before_any_move(tmp_
     assert _tree(out) == before and sorted(os.listdir(tmp_path)) == ["out"]
 
 
-@pytest.mark.parametrize("value", [None, "", "   ", 3, b"bytes"])
-def test_an_output_that_is_not_a_path_is_refused(value):
-    with pytest.raises(PathError, match="is not a folder to write"):
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (None, "out_dir=None is not a folder to write"),
+        ("", "is not a folder to write"),
+        ("   ", "is not a folder to write"),
+        (3, "out_dir=3 is not a folder to write"),
+        (b"bytes", "is not a folder to write"),
+        ("a\0b", "cannot be used as a folder \\(embedded null byte\\)"),
+        ("x" * 5000, "truncated\\) cannot be used as a folder \\(File name too long\\)"),
+    ],
+)
+def test_an_output_that_is_not_a_path_is_refused(value, message):
+    with pytest.raises(PathError, match=message) as error:
         check_output_folder(value, argument="out_dir")
+    assert len(str(error.value)) < 300
 
 
 @pytest.mark.parametrize("size", ["inf", "nan", "-inf", "1e400GB", float("inf"), "infGB"])

@@ -289,6 +289,20 @@ def check_output_folder(out, *, overwrite=False, source=None, argument="--out") 
             "os.PathLike) naming a new or empty folder",
             value=out,
         )
+    try:
+        return _check_output_folder(out, overwrite, _as_sources(source), argument)
+    except PathError:
+        raise
+    except (OSError, ValueError) as error:  # a NUL character, a name too long, a loop
+        reason = getattr(error, "strerror", None) or error
+        raise PathError(
+            f"{argument}: {shown_value(str(out))} cannot be used as a folder ({reason}); "
+            "expected a writable folder path",
+            path=str(out),
+        ) from None
+
+
+def _check_output_folder(out, overwrite, sources, argument) -> Path:
     path = Path(os.path.abspath(os.path.expanduser(str(out))))
     shown = str(out)
     if path.exists() and not path.is_dir():
@@ -297,7 +311,7 @@ def check_output_folder(out, *, overwrite=False, source=None, argument="--out") 
             "the checkpoint into",
             path=shown,
         )
-    check_not_in_source(path, _as_sources(source), argument=argument, shown=shown)
+    check_not_in_source(path, sources, argument=argument, shown=shown)
     if path.is_dir() and any(path.iterdir()):
         if not overwrite:
             raise PathError(

@@ -6,6 +6,13 @@ one new 64-byte-aligned array in its stored dtype (no memory map, no intermediat
 object), an array that JAX, TensorFlow and PyTorch can adopt as a variable's buffer
 without a further copy (`keras_mha.models.deferred`); `get` widens bfloat16 to float32.
 
+Checkpoints come from strangers, so nothing is trusted before it is checked: every file
+is validated when the checkpoint is opened by the `safetensors` library's own `safe_open`
+(header length, JSON schema, dtypes, offsets; nothing allocated from the header's
+length), the index's shard names must stay inside the folder
+(`keras_mha.models.local_files`), and every problem is one `CheckpointError` naming the
+file. `count_nonfinite` counts a tensor's NaN and infinite values for the loader's warning.
+
 Example:
     >>> from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
     >>> checkpoint = SafetensorsCheckpoint("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
