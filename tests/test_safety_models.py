@@ -41,7 +41,6 @@ GOOD = np.arange(1, 17, dtype="int32").reshape(4, 4)
 
 @pytest.fixture(scope="module")
 def decoder():
-    keras.utils.set_random_seed(0)
     model = build_model(from_config(CONFIG))
     model.compile(
         optimizer=keras.optimizers.SGD(0.0),
@@ -52,7 +51,6 @@ def decoder():
 
 @pytest.fixture(scope="module")
 def encoder():
-    keras.utils.set_random_seed(0)
     model = build_model(from_config(BERT_CONFIG))
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
     return model
@@ -169,7 +167,6 @@ def test_taylor_scores_in_bfloat16():
     """PyTorch's gate gradients could not take NumPy's bfloat16 gates."""
     from keras_mha.pruning import head_importance
 
-    keras.utils.set_random_seed(0)
     model = build_model(from_config(CONFIG), dtype="bfloat16")
     scores = head_importance(
         model,
