@@ -9,15 +9,17 @@ and that errors are one line with the right exit code.
 
 import json
 import math
+import os
 import subprocess
 import sys
-from pathlib import Path
 
 import keras
 import pytest
 
+from benchmarks import CHECKOUT
+from benchmarks import layers as bench
 from keras_mha import cli
-from keras_mha.benchmarks import layers as bench
+from keras_mha.commands import bench as bench_command
 
 TINY = dict(
     batch=1,
@@ -54,7 +56,7 @@ def _positive(value):
 
 def _tolerance():
     # float32 everywhere; GPUs may use TF32-class matmuls inside the fused kernels.
-    from keras_mha.benchmarks import backends
+    from benchmarks import backends
 
     return 1e-4 if backends.device() == "cpu" else 2e-3
 
@@ -244,28 +246,45 @@ def test_bench_dispatch(capsys, monkeypatch):
             calls.append(("model", argv))
             return 3
 
-    monkeypatch.setitem(sys.modules, "keras_mha.benchmarks.layers", FakeBenchmarks)
-    monkeypatch.setitem(sys.modules, "keras_mha.models.bench", FakeBenchmarks)
+    monkeypatch.setitem(sys.modules, "benchmarks.layers", FakeBenchmarks)
+    monkeypatch.setitem(sys.modules, "benchmarks.models", FakeBenchmarks)
     assert cli.main(["bench", "--steps", "3"]) == 0
     assert cli.main(["bench"]) == 0
     assert cli.main(["bench", "model", "--model", "x"]) == 3
     assert calls == [("layers", ["--steps", "3"]), ("layers", []), ("model", ["--model", "x"])]
 
-    # A module missing from the installation: one line, MissingDependencyError's code.
-    monkeypatch.setitem(sys.modules, "keras_mha.models.bench", None)
+    # A module missing from the checkout: one line, MissingDependencyError's code.
+    monkeypatch.setitem(sys.modules, "benchmarks.models", None)
     assert cli.main(["bench", "model"]) == 18
     err = capsys.readouterr().err
-    assert err.startswith("keras-mha: error: bench model: keras_mha.models.bench")
+    assert err.startswith("keras-mha: error: bench model: benchmarks.models")
     assert err.count("\n") == 1
 
 
 @pytest.mark.backend_independent
-def test_inspect_startup_tool_measures_startup():
-    # A development tool (tools/, not in the wheel): cold-process time of `keras-mha inspect`.
-    script = Path(__file__).resolve().parents[1] / "tools" / "bench_inspect_startup.py"
+def test_bench_outside_a_checkout_says_how_to_get_the_harness(capsys, monkeypatch):
+    # An installed wheel has no benchmarks/: one line naming where they are.
+    monkeypatch.setattr(bench_command, "checkout_root", lambda: None)
+    assert cli.main(["bench", "inspect", "--repeat", "1"]) == 18
+    err = capsys.readouterr().err
+    assert err.startswith("keras-mha: error: bench inspect: the benchmarks are not part of ")
+    assert "source checkout: git clone https://github.com/keras-mha/keras-mha" in err
+    assert err.count("\n") == 1
+    assert cli.main(["bench", "--help"]) == 0
+    assert "source checkout" in capsys.readouterr().out
+
+
+@pytest.mark.backend_independent
+def test_inspect_startup_benchmark_measures_startup(tmp_path):
+    # `python -m benchmarks` from the checkout; the working directory does not matter.
     flags = ["--repeat", "1", "--skip-transformers", "--format", "json"]
     completed = subprocess.run(
-        [sys.executable, str(script), *flags], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "benchmarks", "inspect", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(CHECKOUT)},
     )
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)

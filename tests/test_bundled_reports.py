@@ -1,18 +1,18 @@
 """Every bundled card loads, reports, and ships a `card.md` identical to what the CLI prints now.
 
 If this fails after a change to the cost model or the renderer, regenerate the cards:
-`python -m keras_mha.cards.render_bundled`.
+`python -m tools.render_bundled_cards`.
 """
 
 import json
 
 import pytest
 
-from keras_mha.cards.bundled import bundled_card_directory, list_bundled
-from keras_mha.cards.hub import load_config
-from keras_mha.cards.render_bundled import card_markdown, card_path
-from keras_mha.cards.report import build_report, default_seq_len
+from keras_mha.cards.rendering.report import build_report, default_seq_len
 from keras_mha.cards.spec import from_config
+from keras_mha.hub.bundled import bundled_card_directory, list_bundled
+from keras_mha.hub.config import load_config
+from tools.render_bundled_cards import card_markdown, card_path
 
 pytestmark = pytest.mark.backend_independent
 
@@ -53,7 +53,7 @@ def test_bundled_card_loads_and_reports(repo_id):
 @pytest.mark.parametrize("repo_id", BUNDLED)
 def test_card_markdown_is_current(repo_id):
     path = card_path(repo_id)
-    assert path.is_file(), f"{path} missing: run python -m keras_mha.cards.render_bundled"
+    assert path.is_file(), f"{path} missing: run python -m tools.render_bundled_cards"
     assert path.read_text(encoding="utf-8") == card_markdown(repo_id), (
-        f"{path} is stale: run python -m keras_mha.cards.render_bundled"
+        f"{path} is stale: run python -m tools.render_bundled_cards"
     )

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from keras_mha import cli
-from keras_mha.cards.bundled import bundled_config_path, list_bundled
+from keras_mha.hub.bundled import bundled_config_path, list_bundled
 from tests.hub_server import HubRepo, environment_for_subprocess, hub_environment
 
 pytestmark = pytest.mark.backend_independent
@@ -301,5 +301,6 @@ def test_cards_lists_the_bundled_cards(capsys):
 
 def test_kv_dtype_choices_match_the_cost_model():
     from keras_mha.cards.costs import KV_DTYPE_BITS
+    from keras_mha.cards.planner.units import DTYPES
 
-    assert cli.KV_DTYPES == tuple(KV_DTYPE_BITS)
+    assert DTYPES == tuple(KV_DTYPE_BITS)

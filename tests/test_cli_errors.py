@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from keras_mha import cli, errors
+from keras_mha.commands import inspect as inspect_command
 from tests.hub_server import commit_hash, hub_environment
 
 pytestmark = pytest.mark.backend_independent
@@ -82,7 +83,7 @@ def test_a_name_too_long(capsys, tmp_path):
 
 def test_no_permission(capsys, tmp_path, monkeypatch):
     # Tests may run as root, which ignores file modes: simulate the refusal.
-    from keras_mha.cards import config_json
+    from keras_mha.hub import config_json
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
 
@@ -184,7 +185,7 @@ def test_an_internal_error_is_one_line_with_a_hint(capsys, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError("boom\nsecond line with hf_SecretToken0123456789")
 
-    monkeypatch.setattr(cli, "_render", explode)
+    monkeypatch.setattr(inspect_command, "render", explode)
     code, out, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
     assert code == errors.INTERNAL_ERROR_EXIT_CODE == 70 and out == ""
     assert_one_error_line(err, "internal error: RuntimeError: boom", "--debug")
@@ -192,7 +193,7 @@ def test_an_internal_error_is_one_line_with_a_hint(capsys, monkeypatch):
 
 
 def test_debug_prints_the_traceback(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_render", lambda *args: None.missing)
+    monkeypatch.setattr(inspect_command, "render", lambda *args: None.missing)
     code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}", "--debug")
     assert code == 70
     assert "Traceback (most recent call last)" in err and "None.missing" in err
@@ -203,7 +204,7 @@ def test_ctrl_c_exits_130(capsys, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_render", interrupt)
+    monkeypatch.setattr(inspect_command, "render", interrupt)
     code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
     assert code == 130 and "Traceback" not in err
 
@@ -214,7 +215,7 @@ def test_every_keras_mha_error_exits_with_its_code(capsys, monkeypatch):
         def fail(*args, error_class=error_class):
             raise error_class(f"{error_class.__name__} happened")
 
-        monkeypatch.setattr(cli, "_render", fail)
+        monkeypatch.setattr(inspect_command, "render", fail)
         code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
         assert code == error_class.exit_code
         assert_one_error_line(err, f"{error_class.__name__} happened")
@@ -250,7 +251,7 @@ def test_a_warning_during_a_command_is_one_line_without_source_lines(capsys, mon
         )
         raise errors.PruningError("no head can go")
 
-    monkeypatch.setattr(cli, "_render", warn_then_fail)
+    monkeypatch.setattr(inspect_command, "render", warn_then_fail)
     code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
     warning, error = err.splitlines()
     assert code == 16 and error.startswith("keras-mha: error: ") and "no head can go" in error
@@ -271,7 +272,7 @@ def test_an_unknown_keras_backend_is_one_line_with_the_fix(capsys, monkeypatch):
         raise ValueError("Unable to import backend : jaxx")  # what `import keras` raises
 
     monkeypatch.setenv("KERAS_BACKEND", "jaxx")
-    monkeypatch.setattr(cli, "_render", import_keras)
+    monkeypatch.setattr(inspect_command, "render", import_keras)
     code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
     assert code == 2
     assert_one_error_line(err, "KERAS_BACKEND='jaxx' is not a Keras backend", "jax, tensorflow")
@@ -281,7 +282,7 @@ def test_a_missing_optional_package_is_one_line(capsys, monkeypatch):
     def need_matplotlib(*args):
         import matplotlib_that_is_not_installed  # noqa: F401
 
-    monkeypatch.setattr(cli, "_render", need_matplotlib)
+    monkeypatch.setattr(inspect_command, "render", need_matplotlib)
     code, _, err = run_cli(capsys, "inspect", f"bundled:{LLAMA_3}")
     assert code == errors.MissingDependencyError.exit_code == 18
     assert_one_error_line(err, "matplotlib_that_is_not_installed", "pip install")

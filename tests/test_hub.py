@@ -1,6 +1,6 @@
 """`keras_mha.cards.load_config` against the real huggingface_hub and a local Hub look-alike.
 
-Every Hub case goes through keras-mha's own GET (`keras_mha.cards.hub_fetch`, over
+Every Hub case goes through keras-mha's own GET (`keras_mha.hub.fetch`, over
 huggingface_hub's HTTP session) talking HTTP to `tests/hub_server.FakeHub`, which answers
 with the status codes and `X-Error-Code` headers of the real Hub, and the file lands in the
 HF cache layout huggingface_hub itself reads (`try_to_load_from_cache`, offline mode).
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from keras_mha.cards import errors
-from keras_mha.cards.bundled import bundled_config_path, bundled_source, list_bundled
-from keras_mha.cards.hub import LoadedConfig, load_config
+from keras_mha.hub.bundled import bundled_config_path, bundled_source, list_bundled
+from keras_mha.hub.config import LoadedConfig, load_config
 from tests.hub_server import HubRepo, commit_hash, hub_environment
 
 pytestmark = pytest.mark.backend_independent
@@ -357,7 +357,7 @@ def test_offline_legacy_id_answers_with_the_canonical_repo_id(hub, monkeypatch):
 def test_installed_wheel_layout_is_found_first(tmp_path, monkeypatch):
     # In a wheel the cards sit inside the package (pyproject: force-include cards ->
     # keras_mha/_bundled_cards); a `cards/` beside the package must not be used then.
-    from keras_mha.cards import bundled
+    from keras_mha.hub import bundled
 
     package = tmp_path / "site-packages" / "keras_mha"
     wheel_cards, checkout_cards = package / "_bundled_cards", package.parent / "cards"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keras_mha import cli, errors
-from keras_mha.cards.hub import load_config
+from keras_mha.hub.config import load_config
 from tests.hub_server import (
     KEEP,
     FakeHub,

@@ -4,9 +4,9 @@ how untrusted text is made safe to print (`keras_mha.safe_text`)."""
 import pytest
 
 from keras_mha import errors
-from keras_mha.cards.config_json import json_depth
-from keras_mha.cards.hub_cache import checked_etag, repo_folder, store_config
-from keras_mha.cards.hub_inputs import (
+from keras_mha.hub.cache import checked_etag, repo_folder, store_config
+from keras_mha.hub.config_json import json_depth
+from keras_mha.hub.inputs import (
     parse_hub_url,
     revision_problem,
     validate_endpoint,
@@ -178,7 +178,7 @@ def test_the_cache_writer_rechecks_every_name(tmp_path):
 def test_snapshots_are_copies_where_symlinks_fail(tmp_path, monkeypatch):
     """Config and streamed files alike: a regular file with the blob's bytes, nothing left
     behind (huggingface_hub copies too on file systems without symlinks)."""
-    from keras_mha.cards.hub_cache import blob_temporary, store_file
+    from keras_mha.hub.cache import blob_temporary, store_file
 
     def no_symlinks(*_):
         raise OSError("symlinks not supported here")

@@ -1,5 +1,5 @@
 """Weights and tokenizer downloads (`from_pretrained(hub_id)`, the exporter) through the
-hardened Hub path (`keras_mha.cards.hub_files`): whatever the endpoint answers for
+hardened Hub path (`keras_mha.hub.files`): whatever the endpoint answers for
 `model.safetensors`, nothing is written outside the HF cache, nothing half-written is
 left in it, and the failure is one line. The good path (a tiny checkpoint from a local
 Hub, then offline) is `test_models_loading.test_hub_id_through_the_hf_cache_then_offline`.
@@ -14,7 +14,7 @@ import json
 import pytest
 
 from keras_mha import errors
-from keras_mha.cards.hub_files import hub_file
+from keras_mha.hub.files import hub_file
 from keras_mha.models import from_pretrained
 from keras_mha.models.export import _fetch_hub_files
 from tests.hub_server import (

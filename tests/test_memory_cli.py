@@ -7,10 +7,10 @@ import json
 import pytest
 
 from keras_mha import cli
-from keras_mha.cards import memory
-from keras_mha.cards.gpus import known_gpu_names
-from keras_mha.cards.hub import load_config
+from keras_mha.cards.planner import memory
+from keras_mha.cards.planner.gpus import known_gpu_names
 from keras_mha.cards.spec import from_config
+from keras_mha.hub.config import load_config
 
 pytestmark = pytest.mark.backend_independent
 
@@ -109,7 +109,7 @@ def test_table_and_markdown_show_memory_and_fits(capsys):
 
 
 def test_table_shows_weights_per_dtype_and_part(capsys):
-    from keras_mha.cards.report import format_bytes
+    from keras_mha.cards.rendering.report import format_bytes
 
     report = inspect_json(capsys, "bundled:ai21labs/Jamba-v0.1")
     exit_code, out, _ = run_cli(capsys, "inspect", "bundled:ai21labs/Jamba-v0.1")
@@ -231,7 +231,7 @@ def test_bundled_cards_say_how_they_were_obtained():
     copies found on GitHub."""
     from pathlib import Path
 
-    from keras_mha.cards.bundled import bundled_source, list_bundled
+    from keras_mha.hub.bundled import bundled_source, list_bundled
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = readme.split("#### Bundled cards", 1)[1].split("\n#### ", 1)[0]

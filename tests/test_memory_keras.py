@@ -7,8 +7,8 @@ import math
 import keras
 import pytest
 
-from keras_mha.cards import memory
 from keras_mha.cards.costs import parameter_counts
+from keras_mha.cards.planner import memory
 from keras_mha.cards.rebuild import build_attention
 from keras_mha.cards.spec import from_config
 

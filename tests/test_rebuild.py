@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.cards import build_attention, list_bundled, load_attention_weights, load_config
+from keras_mha.cards import build_attention, load_attention_weights
 from keras_mha.cards.checkpoint_weights import (
     CheckpointError,
     SafetensorsCheckpoint,
@@ -29,6 +29,7 @@ from keras_mha.cards.costs import parameter_counts
 from keras_mha.cards.rebuild import attention_layer_arguments
 from keras_mha.cards.spec import from_config
 from keras_mha.errors import UnsupportedModelError
+from keras_mha.hub import list_bundled, load_config
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 
 # The tiny models' attention outputs are of order 1-3; float32 round-off stays below 1e-6.

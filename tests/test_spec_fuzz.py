@@ -30,8 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from keras_mha.cards.costs import kv_cache_cost, parameter_counts  # noqa: E402
 from keras_mha.cards.families import FAMILIES  # noqa: E402
-from keras_mha.cards.hub import LoadedConfig  # noqa: E402
-from keras_mha.cards.report import (  # noqa: E402
+from keras_mha.cards.rendering.report import (  # noqa: E402
     build_report,
     default_seq_len,
     render_markdown,
@@ -39,6 +38,7 @@ from keras_mha.cards.report import (  # noqa: E402
 )
 from keras_mha.cards.spec import MULTIMODAL_WRAPPERS, from_config  # noqa: E402
 from keras_mha.errors import ConfigError  # noqa: E402
+from keras_mha.hub.config import LoadedConfig  # noqa: E402
 
 pytestmark = pytest.mark.backend_independent
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import math
 
-from keras_mha.cards import units
-from keras_mha.cards.hub import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
+from keras_mha.cards.planner import units
 from keras_mha.errors import UsageError
+from keras_mha.hub.config import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
-DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.memory.DEFAULT_PREFILL_CHUNK
+DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.planner.memory.DEFAULT_PREFILL_CHUNK
 
 
 def _argparse_type(parse, flag: str):
@@ -160,8 +160,8 @@ def memory_request(arguments: argparse.Namespace):
         >>> memory_request(namespace).memory_bytes
         1073741824
     """
-    from keras_mha.cards.gpus import find_gpu
-    from keras_mha.cards.memory_report import MemoryRequest
+    from keras_mha.cards.planner.gpus import find_gpu
+    from keras_mha.cards.rendering.memory_report import MemoryRequest
 
     # `is not None`: an empty `--gpu ""` (an unset shell variable) is refused, not ignored.
     name = getattr(arguments, "gpu", None)

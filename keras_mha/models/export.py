@@ -210,7 +210,7 @@ def load_for_pruning(source, *, dtype=None, revision=None, token=None):
 def _fetch_hub_files(model_id, revision, token):
     """The HF-cache snapshot folder of `model_id`, with its tokenizer files fetched (through
     `hub_file`, which checks every name the endpoint sends before writing)."""
-    from keras_mha.cards.hub_files import hub_file
+    from keras_mha.hub.files import hub_file
 
     folder = None
     for name in ("config.json", *COPIED_FILES):

@@ -2,10 +2,10 @@
 
 `memory_entry` and `fits_entry` build the JSON-ready dicts (keys documented in the README,
 "JSON output"); `memory_table_lines` and `memory_markdown_lines` render them. The formulas
-live in `keras_mha.cards.memory`. Pure Python: no keras, backend or numpy import.
+live in `keras_mha.cards.planner.memory`. Pure Python: no keras, backend or numpy import.
 
 Example:
-    >>> from keras_mha.cards.hub import load_config
+    >>> from keras_mha.hub.config import load_config
     >>> from keras_mha.cards.spec import from_config
     >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
     >>> entry = memory_entry(spec, batch=1, seq_len=8192, kv_dtype="bfloat16")
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keras_mha.cards import memory
 from keras_mha.cards.costs import ParameterCounts, parameter_counts
-from keras_mha.cards.gpus import GPU
+from keras_mha.cards.planner import memory
+from keras_mha.cards.planner.gpus import GPU
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def memory_entry(
     """The report's `memory` entry: weights per dtype, serving and training at the request.
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> sorted(memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8"))[:3]
@@ -113,7 +113,7 @@ def fits_entry(
     `context_length`, and `max_seq_len_unbounded` (True when `max_seq_len` is None).
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="bfloat16",
@@ -182,7 +182,7 @@ def fits_warnings(report: dict) -> list[str]:
 
 
 def _bytes(size) -> str:
-    from keras_mha.cards.report import format_bytes
+    from keras_mha.cards.rendering.report import format_bytes
 
     return format_bytes(size)
 
@@ -331,7 +331,7 @@ def memory_table_lines(report: dict) -> list[str]:
     """The memory (and fits) section of the text report.
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> report = {"memory": memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")}
@@ -370,7 +370,7 @@ def memory_markdown_lines(report: dict) -> list[str]:
     """The memory (and fits) section of the markdown card.
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> report = {"memory": memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")}

@@ -25,7 +25,7 @@ executed (there is no `trust_remote_code`).
 local file or a bundled card imports nothing beyond the standard library.
 
 Example:
-    >>> from keras_mha.cards.hub import load_config
+    >>> from keras_mha.hub.config import load_config
     >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
     >>> loaded.source, loaded.config["num_key_value_heads"]
     ('bundled', 8)
@@ -39,15 +39,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_mha.cards import bundled
-from keras_mha.cards.config_json import parse_config_bytes, read_config_file
-from keras_mha.cards.hub_inputs import (
-    looks_like_hub_url,
-    parse_hub_url,
-    validate_endpoint,
-    validate_revision,
-    validate_token,
-)
 from keras_mha.errors import (
     CardError,
     ConfigFileNotFoundError,
@@ -59,6 +50,15 @@ from keras_mha.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
     UsageError,
+)
+from keras_mha.hub import bundled
+from keras_mha.hub.config_json import parse_config_bytes, read_config_file
+from keras_mha.hub.inputs import (
+    looks_like_hub_url,
+    parse_hub_url,
+    validate_endpoint,
+    validate_revision,
+    validate_token,
 )
 from keras_mha.safe_text import one_line
 
@@ -414,8 +414,8 @@ def _load_from_hub(
     )
     token_to_send, token_name = _resolve_token(huggingface_hub, token)
     from keras_mha import __version__
-    from keras_mha.cards import hub_cache
-    from keras_mha.cards.hub_fetch import fetch
+    from keras_mha.hub import cache as hub_cache
+    from keras_mha.hub.fetch import fetch
 
     url = huggingface_hub.hf_hub_url(
         repo_id, CONFIG_FILENAME, revision=requested_revision, endpoint=endpoint

@@ -29,7 +29,7 @@ naming the model) or `HubResponseError` (the endpoint answered
 something refused). Messages never quote a token or a URL's password or query.
 
 Example:
-    >>> from keras_mha.cards.hub_fetch import MAX_REDIRECTS
+    >>> from keras_mha.hub.fetch import MAX_REDIRECTS
     >>> MAX_REDIRECTS
     10
 """

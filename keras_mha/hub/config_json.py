@@ -48,7 +48,7 @@ def read_config_file(path: Path, *, described_as: str) -> dict:
         described_as: how messages name the file's origin (model id, revision, path).
 
     Example:
-        >>> from keras_mha.cards.bundled import bundled_config_path
+        >>> from keras_mha.hub.bundled import bundled_config_path
         >>> path = bundled_config_path("openai-community/gpt2")
         >>> read_config_file(path, described_as="gpt2")["model_type"]
         'gpt2'

@@ -22,7 +22,7 @@ not counted). With `PYTHONDONTWRITEBYTECODE` set and no `__pycache__` beside the
 sources, every run compiles keras-mha's modules again; the table says so.
 
 Example:
-    >>> from keras_mha.benchmarks.startup import main
+    >>> from benchmarks.startup import main
     >>> main(["--repeat", "3", "--skip-transformers"])  # doctest: +SKIP
     0
 """
@@ -195,7 +195,7 @@ def measure_transformers(model: str, repeat: int) -> tuple[Timing | None, dict |
     missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
     if missing:
         return None, f"skipped: {' and '.join(missing)} not installed"
-    from keras_mha.cards.bundled import bundled_config_path
+    from keras_mha.hub.bundled import bundled_config_path
 
     config_path = bundled_config_path(model)
     if config_path is None:
@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     arguments = build_parser().parse_args(argv)
-    from keras_mha.cards.bundled import bundled_config_path
-    from keras_mha.cards.gpus import find_gpu
+    from keras_mha.cards.planner.gpus import find_gpu
     from keras_mha.errors import RepositoryNotFoundError, UsageError
+    from keras_mha.hub.bundled import bundled_config_path
 
     if arguments.repeat < 1 or arguments.transformers_repeat < 1:
         raise UsageError("--repeat and --transformers-repeat must be >= 1", key="--repeat")

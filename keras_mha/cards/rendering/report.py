@@ -21,7 +21,7 @@ With several sequence lengths, `kv_cache` is the LAST one requested (so
 Pure Python: nothing here imports keras, a backend or huggingface_hub.
 
 Example:
-    >>> from keras_mha.cards.hub import load_config
+    >>> from keras_mha.hub.config import load_config
     >>> from keras_mha.cards.spec import from_config
     >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
     >>> spec = from_config(loaded.config, model_id=loaded.model_id)
@@ -34,8 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keras_mha.cards import bundled, memory_report
 from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
+from keras_mha.cards.rendering import memory_report
+from keras_mha.hub import bundled
 from keras_mha.safe_text import visible
 
 # Default context for the KV-cache figures: the model's own context length, capped here so
@@ -125,7 +126,7 @@ def build_report(
             are computed at `batch` and the last sequence length.
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> loaded = load_config("bundled:openai-community/gpt2")
         >>> spec = from_config(loaded.config, model_id=loaded.model_id)
@@ -358,7 +359,7 @@ def render_table(report: dict) -> str:
     """Readable aligned text: attention layout, parameters with breakdown, KV cache per length.
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
         >>> spec = from_config(loaded.config, model_id=loaded.model_id)
@@ -487,7 +488,7 @@ def render_markdown(report: dict) -> str:
     """A markdown model card: summary, attention, parameters, KV cache, source and warnings.
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
         >>> spec = from_config(loaded.config, model_id=loaded.model_id)

@@ -3,11 +3,11 @@
 Each card's report is exactly what `keras-mha inspect bundled:ORG/NAME --format markdown`
 prints, so the shipped reports can never drift from the tool:
 
-    python -m keras_mha.cards.render_bundled          # rewrite every card.md
-    python -m keras_mha.cards.render_bundled --check  # exit 1 and list stale ones
+    python -m tools.render_bundled_cards          # rewrite every card.md
+    python -m tools.render_bundled_cards --check  # exit 1 and list stale ones
 
 Example:
-    >>> from keras_mha.cards.render_bundled import card_markdown
+    >>> from tools.render_bundled_cards import card_markdown
     >>> card_markdown("meta-llama/Meta-Llama-3-8B").splitlines()[0]
     '# meta-llama/Meta-Llama-3-8B'
 """
@@ -20,7 +20,7 @@ import io
 import sys
 from pathlib import Path
 
-from keras_mha.cards.bundled import bundled_card_directory, list_bundled
+from keras_mha.hub.bundled import bundled_card_directory, list_bundled
 
 CARD_FILENAME = "card.md"
 
@@ -85,7 +85,7 @@ def stale_cards() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite every bundled `card.md` (or, with --check, only report stale ones)."""
-    parser = argparse.ArgumentParser(prog="python -m keras_mha.cards.render_bundled")
+    parser = argparse.ArgumentParser(prog="python -m tools.render_bundled_cards")
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if any card.md is stale"
     )

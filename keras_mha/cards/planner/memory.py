@@ -83,7 +83,7 @@ memory never runs out along `s` (every layer on a sliding window), `max_seq_len`
 used as a cap.
 
 Example:
-    >>> from keras_mha.cards.hub import load_config
+    >>> from keras_mha.hub.config import load_config
     >>> from keras_mha.cards.spec import from_config
     >>> from keras_mha.cards.costs import parameter_counts
     >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
@@ -562,7 +562,7 @@ def serving_memory(
     """Memory to serve `batch` sequences of `seq_len` tokens (formulas: module docstring).
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
         >>> memory = serving_memory(spec, batch=1, seq_len=8192)
@@ -618,7 +618,7 @@ def serving_bytes_function(
     the same terms without building a report (tests check it equals `serving_memory`).
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:mistralai/Mistral-7B-v0.1").config)
         >>> serving = serving_bytes_function(spec)
@@ -758,7 +758,7 @@ def plan_fit(
     and whether training fits (see the module docstring).
 
     Example:
-        >>> from keras_mha.cards.hub import load_config
+        >>> from keras_mha.hub.config import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
         >>> plan = plan_fit(spec, memory_bytes=24 * 2**30, batch=1, seq_len=8192)

@@ -24,8 +24,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from keras_mha.cards.hub_inputs import COMMIT_HASH, revision_problem
 from keras_mha.errors import HubResponseError, PathError
+from keras_mha.hub.inputs import COMMIT_HASH, revision_problem
 from keras_mha.safe_text import one_line
 
 CONFIG_FILENAME = "config.json"

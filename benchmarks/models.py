@@ -12,8 +12,8 @@ timed with `generate`; transformers' own `generate` on torch runs the same check
 Each figure is the median of `--repeats` runs after one warm-up run (which compiles).
 
 Example:
-    KERAS_BACKEND=jax python -m keras_mha.models.bench --scale 8
-    KERAS_BACKEND=jax python -m keras_mha.models.bench --full-size   # GPU: bfloat16, real size
+    KERAS_BACKEND=jax python -m benchmarks.models --scale 8
+    KERAS_BACKEND=jax python -m benchmarks.models --full-size   # GPU: bfloat16, real size
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def run_model_benchmark(argv=None) -> int:
     import torch
     import transformers
 
-    from keras_mha.cards import load_config
+    from keras_mha.hub import load_config
     from keras_mha.models import from_pretrained, generate, generation_stats
 
     config = dict(load_config(f"bundled:{arguments.card}").config)

@@ -11,7 +11,7 @@ editable install they live at the top-level `cards/` directory of the repository
 Only the standard library is imported here, so that `keras-mha inspect` starts fast.
 
 Example:
-    >>> from keras_mha.cards.bundled import bundled_config_path, list_bundled
+    >>> from keras_mha.hub.bundled import bundled_config_path, list_bundled
     >>> "meta-llama/Meta-Llama-3-8B" in list_bundled()
     True
     >>> bundled_config_path("meta-llama/Meta-Llama-3-8B").name

@@ -3,7 +3,7 @@
 `huggingface_hub.hf_hub_download` names the cached blob after the server's `ETag` and
 the ref file after the revision, so a hostile endpoint could make it write outside the
 cache. `hub_file` downloads through the same hardened path as `config.json`
-(`keras_mha.cards.hub`):
+(`keras_mha.hub.config`):
 
 - the revision, token, endpoint and file name are checked before any request
   (`hub_inputs`, `hub_cache.check_filename`);
@@ -23,7 +23,7 @@ Offline (`HF_HUB_OFFLINE`), only the cache answers. A file already cached under 
 commit hash is never downloaded again (a commit's files never change).
 
 Example:
-    >>> from keras_mha.cards.hub_files import hub_file
+    >>> from keras_mha.hub.files import hub_file
     >>> hub_file("org/name", "model.safetensors", revision="main")  # doctest: +SKIP
     PosixPath('.../models--org--name/snapshots/<commit>/model.safetensors')
 """
@@ -35,14 +35,14 @@ import os
 import threading
 from pathlib import Path
 
-from keras_mha.cards import hub_cache
-from keras_mha.cards.hub_inputs import (
+from keras_mha.errors import HubResponseError, HubUnreachableError
+from keras_mha.hub import cache as hub_cache
+from keras_mha.hub.inputs import (
     COMMIT_HASH,
     validate_endpoint,
     validate_revision,
     validate_token,
 )
-from keras_mha.errors import HubResponseError, HubUnreachableError
 from keras_mha.safe_text import one_line
 
 #: The slowest average rate a streamed download may have before it counts as stalled:
@@ -83,7 +83,7 @@ def hub_file(
         repo_id: a Hub model id (`org/name`).
         filename: a top-level file of the repository (no folders).
         revision: branch, tag, `refs/pr/N` or commit (default "main").
-        token: as `keras_mha.cards.hub.load_config` (None: `HF_TOKEN` / stored login).
+        token: as `keras_mha.hub.config.load_config` (None: `HF_TOKEN` / stored login).
         endpoint, offline, cache_dir: as `load_config` (None: the environment).
         timeout: seconds for the answer's headers and for any silence while the body
             arrives; the body as a whole gets `timeout + size / MIN_BYTES_PER_SECOND`.
@@ -104,7 +104,7 @@ def hub_file(
     import huggingface_hub
     from huggingface_hub import constants
 
-    from keras_mha.cards import hub
+    from keras_mha.hub import config as hub
 
     requested_revision = validate_revision(revision if revision is not None else "main")
     if token is not None and not isinstance(token, bool):
@@ -176,8 +176,8 @@ def _download(
     import huggingface_hub
 
     from keras_mha import __version__
-    from keras_mha.cards import hub
-    from keras_mha.cards.hub_fetch import fetch
+    from keras_mha.hub import config as hub
+    from keras_mha.hub.fetch import fetch
 
     token_to_send, token_name = token
     secrets = (token_to_send,) if token_to_send else ()

@@ -6,7 +6,7 @@ one), with the same weights and inputs:
 - `mha`, `gqa` (forward, forward+backward): keras-mha's `MultiHeadAttention` /
   `GroupedQueryAttention` against `keras.layers.MultiHeadAttention` /
   `GroupQueryAttention` and a hand-written `reference` (the projections as
-  matmuls plus the backend's fused kernel, `keras_mha.benchmarks.backends`);
+  matmuls plus the backend's fused kernel, `benchmarks.backends`);
 - `decode`: one cached decode step at `--decode-context` through the layer's
   public cache API (`init_cache`, `layer(x, cache=..., cache_index=...)`; on
   TensorFlow the documented serving path, `init_cache(..., variables=True)`)
@@ -26,7 +26,7 @@ peak on a GPU, the RSS high-water mark on a CPU (freed memory returned to the
 operating system, so the figure is what the call allocates).
 
 Example:
-    >>> from keras_mha.benchmarks.layers import main
+    >>> from benchmarks.layers import main
     >>> main(["--seq-len", "64", "--decode-context", "64", "--repeats", "3"])  # doctest: +SKIP
     0
 """
@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks import worker_environment
 from keras_mha.errors import KerasMHAError, MissingDependencyError, UsageError
 
 CASES = ("mha", "gqa", "decode")
@@ -276,7 +277,7 @@ def _flops(config: Config, length: int, kv_heads: int, queries: int | None = Non
 
 def prepare(entry: dict, config: Config) -> _Prepared:
     """Build, compile and describe one measurement (no call made yet)."""
-    from keras_mha.benchmarks import backends
+    from benchmarks import backends
 
     options = {"tf_jit_compile": config.tf_jit_compile, "torch_compile": config.torch_compile}
     case, implementation, mode = entry["case"], entry["implementation"], entry["mode"]
@@ -387,7 +388,7 @@ def time_group(entries: list[dict], config: Config) -> dict:
     import numpy as np
     from keras import ops
 
-    from keras_mha.benchmarks import backends
+    from benchmarks import backends
 
     prepared, outputs = [], {}
     for entry in entries:
@@ -470,7 +471,7 @@ def measure_memory(entry: dict, config: Config) -> dict:
     `/proc/self/clear_refs`) above the RSS before; run it in a process with
     `ALLOCATOR_ENVIRONMENT` so freed memory leaves the RSS.
     """
-    from keras_mha.benchmarks import backends
+    from benchmarks import backends
 
     measurement = prepare(entry, config)
     for arguments in measurement.warmup:
@@ -523,7 +524,7 @@ def measure_memory(entry: dict, config: Config) -> dict:
 
 
 def measure_roofline(config: Config) -> dict:
-    from keras_mha.benchmarks import backends
+    from benchmarks import backends
 
     return {
         "matmul": backends.matmul_peak(config.dtype, config.matmul_size),
@@ -537,8 +538,8 @@ _WORKERS = {"time": time_group, "memory": measure_memory, "roofline": measure_ro
 def _in_fresh_process(purpose: str, argument, config: Config, environment: dict):
     request = json.dumps({"purpose": purpose, "argument": argument, "config": _to_dict(config)})
     completed = subprocess.run(
-        [sys.executable, "-m", "keras_mha.benchmarks.layers", "--worker", request],
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **environment},
+        [sys.executable, "-m", "benchmarks.layers", "--worker", request],
+        env={**worker_environment(), "TF_CPP_MIN_LOG_LEVEL": "2", **environment},
         capture_output=True,
         text=True,
         check=False,
