@@ -24,6 +24,7 @@ from keras_mha.cards.rendering import report as reports
 from keras_mha.cards.spec import from_config
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
+from keras_mha.commands.terminal import report_width, write_report
 from keras_mha.errors import KerasMHAError
 from keras_mha.hub.config import load_config
 
@@ -38,18 +39,6 @@ def parse_seq_lens(text: str) -> list[int]:
         [4096, 8192, 131072, 1048576]
     """
     return options.seq_lens_type(text)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not an integer; expected a positive integer"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive; expected a positive integer")
-    return value
 
 
 def add_parser(subcommands) -> argparse.ArgumentParser:
@@ -81,10 +70,13 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         "--seq-len",
         type=parse_seq_lens,
         metavar="N[,N...]",
-        help="sequence length(s) for the KV cache, e.g. 4096,32k (default: the model's "
-        "context length, capped at 8192); the JSON `kv_cache` holds the last one",
+        help="tokens per sequence (the context) for the KV cache and memory, e.g. "
+        "4096,32k (default: the model's context length, capped at 8192); the JSON "
+        "`kv_cache` and the memory plan hold the last one",
     )
-    inspect.add_argument("--batch", type=_positive_int, default=1, help="batch size (default 1)")
+    options.add_batch_argument(
+        inspect, default=1, help_text="sequences served at once (default 1; also --batch-size)"
+    )
     inspect.add_argument(
         "--kv-dtype",
         default="bfloat16",
@@ -146,7 +138,10 @@ def run(arguments: argparse.Namespace) -> int:
         raise
     # Anything else is a bug (every config value is validated into a ConfigError): `main`
     # reports it as an internal error (exit 70), not as a fault of the config.
-    write_stdout(rendered)
+    if arguments.format == "table":
+        write_report(rendered)
+    else:
+        write_stdout(rendered)
     return 0
 
 
@@ -180,7 +175,7 @@ def render(loaded, arguments: argparse.Namespace) -> str:
         return json.dumps(report, indent=2, allow_nan=False)
     if arguments.format == "markdown":
         return reports.render_markdown(report)
-    return reports.render_table(report)
+    return reports.render_table(report, report_width(wide=getattr(arguments, "wide", False)))
 
 
 def _configure_huggingface_hub(timeout: float) -> None:

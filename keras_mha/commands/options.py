@@ -9,10 +9,10 @@ Example:
     >>> import argparse
     >>> parser = argparse.ArgumentParser()
     >>> add_memory_arguments(parser)
-    >>> arguments = parser.parse_args(["--gpu", "rtx4090", "--weights-dtype", "int4"])
+    >>> arguments = parser.parse_args(["--gpu", "2xrtx4090", "--weights-dtype", "int4"])
     >>> request = memory_request(arguments)
-    >>> request.gpu.name, request.weights_dtype
-    ('RTX 4090 24GB', 'int4')
+    >>> request.devices.name, request.weights_dtype
+    ('2x RTX 4090 24GB', 'int4')
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import math
 
 from keras_mha.cards.planner import units
+from keras_mha.cards.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_fraction
 from keras_mha.errors import UsageError
 from keras_mha.hub.config import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 
@@ -96,35 +97,61 @@ def seconds_type(text: str) -> float:
 
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--gpu`/`--memory`, `--weights-dtype`, `--optimizer`, `--precision` and
-    `--prefill-chunk` to a subcommand's parser.
+    """Add the planner's flags to a subcommand's parser: `--gpu`/`--memory`, `--gpus`,
+    `--pipeline-parallel`, `--memory-utilization`, `--weights-dtype`, `--optimizer`,
+    `--precision`, `--prefill-chunk` and `--wide`.
 
     Example:
         >>> parser = argparse.ArgumentParser()
         >>> add_memory_arguments(parser)
-        >>> parser.parse_args(["--memory", "24GiB"]).memory
-        25769803776
+        >>> parser.parse_args(["--memory", "2x24GiB"]).memory
+        '2x24GiB'
     """
     target = parser.add_mutually_exclusive_group()
     target.add_argument(
         "--gpu",
         metavar="NAME",
-        help="answer what fits on this accelerator (e.g. H100, A100-80GB, L4, RTX4090, T4; "
-        "case-insensitive); an unknown name lists the known ones",
+        help="answer what fits on this accelerator, or several: H100, 2xH100, H100x2, "
+        "A100-80GB, L4, RTX4090, TPU-v5e, ... (case-insensitive; `keras-mha gpus` lists them)",
     )
     target.add_argument(
         "--memory",
-        type=memory_size_type,
         metavar="SIZE",
-        help="answer what fits in this much memory, e.g. 24GiB, 80GB, 512MiB",
+        help="answer what fits in devices of this much memory: 24GiB, 80GB, 2x80GiB",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=positive_int_type("--gpus"),
+        metavar="N",
+        help="number of devices of --gpu or --memory (same as 2xH100; default 1)",
+    )
+    parser.add_argument(
+        "--pipeline-parallel",
+        type=positive_int_type("--pipeline-parallel"),
+        default=1,
+        metavar="P",
+        help="pipeline stages the devices form (default 1); each stage splits its layers "
+        "tensor-parallel over devices / P",
+    )
+    parser.add_argument(
+        "--memory-utilization",
+        "--gpu-memory-utilization",
+        dest="memory_utilization",
+        type=fraction_type,
+        default=DEFAULT_MEMORY_UTILIZATION,
+        metavar="F",
+        help="share of each device's memory the plan fills, as vLLM's "
+        f"--gpu-memory-utilization (default {DEFAULT_MEMORY_UTILIZATION}); the rest is left "
+        "for the CUDA context, CUDA graphs and fragmentation",
     )
     parser.add_argument(
         "--weights-dtype",
         type=dtype_type("--weights-dtype"),
-        default="bfloat16",
+        default=None,
         metavar="DTYPE",
-        help="weights for serving: float32, bfloat16, float16, float8, int8, int4 "
-        "(aliases bf16, fp16, fp8, ...; default bfloat16)",
+        help="weights for serving: float32, bfloat16, float16, float8, int8, int4 (aliases "
+        "bf16, fp16, fp8, ...; default: the checkpoint's own format, from its "
+        "quantization_config or torch_dtype)",
     )
     parser.add_argument(
         "--optimizer",
@@ -146,40 +173,95 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help=f"tokens per prefill chunk in the serving estimate (default {DEFAULT_PREFILL_CHUNK})",
     )
+    add_wide_argument(parser)
+
+
+def add_wide_argument(parser: argparse.ArgumentParser) -> None:
+    """`--wide`: no line of the table is wrapped or abbreviated."""
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="table format: every column and whole lines, however wide (default: fit the "
+        "terminal, or 80 columns when piped)",
+    )
+
+
+def add_batch_argument(parser: argparse.ArgumentParser, *, help_text: str, default: int) -> None:
+    """`--batch` (also spelled `--batch-size`, as `prune` and most tools do)."""
+    parser.add_argument(
+        "--batch",
+        "--batch-size",
+        dest="batch",
+        type=positive_int_type("--batch"),
+        default=default,
+        metavar="B",
+        help=help_text,
+    )
 
 
 def memory_request(arguments: argparse.Namespace):
-    """The `MemoryRequest` the parsed flags ask for (resolving `--gpu`).
+    """The `MemoryRequest` the parsed flags ask for (resolving `--gpu` / `--memory` and the
+    device flags into a `DeviceSet`).
 
     Raises:
-        UsageError: an unknown or ambiguous `--gpu` name.
+        UsageError: an unknown or ambiguous `--gpu` name, a bad `--memory` size, device
+            flags without `--gpu` or `--memory`, or counts that contradict each other.
 
     Example:
-        >>> namespace = argparse.Namespace(gpu=None, memory=2**30, weights_dtype="int8",
+        >>> namespace = argparse.Namespace(gpu=None, memory="2x1GiB", weights_dtype="int8",
         ...     optimizer="sgd", precision="float32", prefill_chunk=512)
-        >>> memory_request(namespace).memory_bytes
-        1073741824
+        >>> request = memory_request(namespace)
+        >>> request.devices.count, request.devices.memory_bytes
+        (2, 1073741824)
     """
-    from keras_mha.cards.planner.gpus import find_gpu
+    from keras_mha.cards.planner.devices import parse_devices
     from keras_mha.cards.rendering.memory_report import MemoryRequest
 
+    gpu, size = getattr(arguments, "gpu", None), getattr(arguments, "memory", None)
+    count = getattr(arguments, "gpus", None)
+    stages = getattr(arguments, "pipeline_parallel", 1)
+    utilization = getattr(arguments, "memory_utilization", DEFAULT_MEMORY_UTILIZATION)
+    devices = None
     # `is not None`: an empty `--gpu ""` (an unset shell variable) is refused, not ignored.
-    name = getattr(arguments, "gpu", None)
-    gpu = find_gpu(name) if name is not None else None
+    if gpu is not None or size is not None:
+        devices = parse_devices(gpu=gpu, memory=size, gpus=count, pipeline_parallel=stages,
+                                memory_utilization=utilization)  # fmt: skip
+    elif count is not None or stages != 1:
+        flag = "--gpus" if count is not None else "--pipeline-parallel"
+        raise UsageError(
+            f"{flag} needs the devices named: add --gpu NAME (e.g. H100) or --memory SIZE",
+            key=flag,
+            value=count if count is not None else stages,
+        )
     return MemoryRequest(
         weights_dtype=arguments.weights_dtype,
         prefill_chunk=arguments.prefill_chunk,
         optimizer=arguments.optimizer,
         precision=arguments.precision,
-        memory_bytes=gpu.memory_bytes if gpu else getattr(arguments, "memory", None),
-        gpu=gpu,
+        devices=devices,
     )
+
+
+def fraction_type(text: str) -> float:
+    """`--memory-utilization`: a share in (0, 1].
+
+    Example:
+        >>> fraction_type("0.85")
+        0.85
+    """
+    try:
+        return parse_fraction(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--memory-utilization ")) from None
 
 
 __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
+    "add_batch_argument",
     "add_memory_arguments",
+    "add_wide_argument",
+    "fraction_type",
     "dtype_type",
     "memory_request",
     "memory_size_type",
