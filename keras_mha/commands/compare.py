@@ -393,7 +393,8 @@ def render(comparison: dict, output_format: str, width: int = 80) -> str:
         public = {key: value for key, value in comparison.items() if not key.startswith("_")}
         return json.dumps(public, indent=2, allow_nan=False)
     escape = _markdown if output_format == "markdown" else _terminal
-    rows = _rows(comparison)
+    # Every cell escaped: values can quote a config (a format name, a model id).
+    rows = [(label, [escape(value) for value in values]) for label, values in _rows(comparison)]
     beyond_context = any(value.endswith("(!)") for _, values in rows for value in values)
     warnings = [
         (report["model"], warning)

@@ -101,10 +101,11 @@ def hub_file(
         RepositoryNotFoundError, GatedRepositoryError, ...: as `load_config`.
         PathError: the cache cannot be written.
     """
+    from keras_mha.hub import config as hub
+
+    hub.check_hub_environment()
     import huggingface_hub
     from huggingface_hub import constants
-
-    from keras_mha.hub import config as hub
 
     requested_revision = validate_revision(revision if revision is not None else "main")
     if token is not None and not isinstance(token, bool):

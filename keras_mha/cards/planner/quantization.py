@@ -42,6 +42,9 @@ TORCH_DTYPES = {
     "float16": "float16", "half": "float16", "torch.float16": "float16",
 }  # fmt: skip
 DEFAULT_DTYPE = "bfloat16"
+# A config that names no dtype: transformers loads it in float32, and checkpoints that old
+# (GPT-2, BERT, T5) are stored so.
+UNNAMED_DTYPE = "float32"
 # Roles a weight-only format quantizes when its config says nothing else: every linear
 # layer of the blocks. The LM head, routers, poolers and OPT's projections stay unquantized
 # (transformers skips `lm_head`; routers are tiny and kept in 16 bits by the fp8 and GPTQ
@@ -482,9 +485,9 @@ def _quantization_config(config: Mapping):
 def checkpoint_format(config: Mapping) -> WeightsFormat:
     """The format a checkpoint's config says its weights are in (module docstring).
 
-    Without `quantization_config` it is the config's `torch_dtype` / `dtype` (bfloat16
-    when neither is given); a quantization config keras-mha cannot count falls back to that
-    dtype, and `notes` says why.
+    Without `quantization_config` it is the config's `torch_dtype` / `dtype` (float32 when
+    neither is given, as transformers loads such a checkpoint); a quantization config
+    keras-mha cannot count falls back to that dtype, and `notes` says why.
 
     Example:
         >>> fmt = checkpoint_format({"quantization_config": {"quant_method": "fp8",
@@ -499,8 +502,11 @@ def checkpoint_format(config: Mapping) -> WeightsFormat:
     quantization = _quantization_config(config)
     if quantization is None:
         if dtype is None:
-            notes.append(f"the config names no torch_dtype: {DEFAULT_DTYPE} assumed")
-        return dtype_format(dtype or DEFAULT_DTYPE, from_checkpoint=True, notes=notes)
+            notes.append(
+                f"the config names no torch_dtype: {UNNAMED_DTYPE} assumed, as transformers "
+                "loads it (--weights-dtype to plan another)"
+            )
+        return dtype_format(dtype or UNNAMED_DTYPE, from_checkpoint=True, notes=notes)
     unquantized = dtype or ("float16" if _method(quantization) in ("gptq", "awq") else
                             DEFAULT_DTYPE)  # fmt: skip
     method = _method(quantization)

@@ -160,7 +160,7 @@ def fits_entry(
         >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="bfloat16",
         ...                   request=MemoryRequest(memory_bytes=2**30))
         >>> fits["training_fits"], fits["max_batch"], fits["serving_fits"]
-        (False, 18, True)
+        (False, 14, True)
     """
     devices = request.device_set()
     fmt = plan_format(spec, request)
