@@ -99,15 +99,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="longest context on the plot (default: the longest context length of the "
         "models, at least --seq-len)",
     )
-    parser.add_argument("--offline", action="store_true", help="never touch the network")
-    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
-    parser.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
-    parser.add_argument(
-        "--timeout",
-        type=options.seconds_type,
-        default=10.0,
-        help="seconds to wait for the Hub per model (default 10)",
-    )
+    options.add_hub_arguments(parser, revision=False)
     parser.set_defaults(run=run)
     return parser
 

@@ -65,7 +65,6 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         help="org/name, a Hub URL (https://huggingface.co/org/name[/tree/REV]), a local "
         "path, or bundled:org/name",
     )
-    inspect.add_argument("--revision", help="Hub branch, tag or commit (default: main)")
     inspect.add_argument(
         "--seq-len",
         type=parse_seq_lens,
@@ -88,21 +87,7 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
     inspect.add_argument(
         "--format", default="table", choices=OUTPUT_FORMATS, help="output format (default table)"
     )
-    inspect.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
-    inspect.add_argument(
-        "--offline",
-        action="store_true",
-        help="never touch the network: HF cache, then the bundled card (also HF_HUB_OFFLINE=1)",
-    )
-    inspect.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
-    inspect.add_argument(
-        "--timeout",
-        type=options.seconds_type,
-        default=10.0,
-        help="seconds the whole exchange with the Hub may take (default 10; "
-        "HF_HUB_ETAG_TIMEOUT wins)",
-    )
-
+    options.add_hub_arguments(inspect)
     options.add_memory_arguments(inspect)
     inspect.set_defaults(run=run)
     return inspect

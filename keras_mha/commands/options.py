@@ -96,6 +96,34 @@ def seconds_type(text: str) -> float:
     return value
 
 
+def add_hub_arguments(parser: argparse.ArgumentParser, *, revision: bool = True) -> None:
+    """How a command reaches the Hub, spelled alike everywhere: `--revision`, `--token`,
+    `--offline`, `--endpoint`, `--timeout`.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_hub_arguments(parser)
+        >>> parser.parse_args(["--offline", "--timeout", "3"]).timeout
+        3.0
+    """
+    if revision:
+        parser.add_argument("--revision", help="Hub branch, tag or commit (default: main)")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="never touch the network: the HF cache only (inspect and compare then fall "
+        "back to the bundled card; also HF_HUB_OFFLINE=1)",
+    )
+    parser.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
+    parser.add_argument(
+        "--timeout",
+        type=seconds_type,
+        default=10.0,
+        help="seconds each exchange with the Hub may take (default 10; HF_HUB_ETAG_TIMEOUT wins)",
+    )
+
+
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the planner's flags to a subcommand's parser: `--gpu`/`--memory`, `--gpus`,
     `--pipeline-parallel`, `--memory-utilization`, `--weights-dtype`, `--optimizer`,
@@ -259,6 +287,7 @@ __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
     "add_batch_argument",
+    "add_hub_arguments",
     "add_memory_arguments",
     "add_wide_argument",
     "fraction_type",
