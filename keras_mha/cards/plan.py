@@ -27,6 +27,7 @@ from keras_mha.cards.rendering.memory_report import MemoryRequest
 from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
 from keras_mha.hub.config import DEFAULT_TIMEOUT_SECONDS, LoadedConfig, load_config
+from keras_mha.hub.weights_size import checkpoint_size
 
 
 @dataclass(frozen=True)
@@ -189,8 +190,11 @@ def plan(
         warnings.simplefilter("ignore")  # what the reader guessed is in the report
         spec = from_config(loaded.config, model_id=loaded.model_id)
     length = _seq_len(seq_len) or reports.default_seq_len(spec)
+    size = checkpoint_size(loaded, token=token, endpoint=endpoint, offline=offline,
+                           timeout=timeout)  # fmt: skip
     report = reports.build_report(loaded, spec, seq_lens=[length], batch=batch,
-                                  kv_dtype=kv_dtype, memory_request=request)  # fmt: skip
+                                  kv_dtype=kv_dtype, memory_request=request,
+                                  checkpoint_size=size)  # fmt: skip
     return _plan_from_report(report, devices)
 
 

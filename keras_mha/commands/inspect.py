@@ -27,6 +27,7 @@ from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
 from keras_mha.errors import KerasMHAError
 from keras_mha.hub.config import load_config
+from keras_mha.hub.weights_size import checkpoint_size
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 
@@ -116,6 +117,13 @@ def run(arguments: argparse.Namespace) -> int:
         offline=True if arguments.offline else None,
         timeout=arguments.timeout,
     )
+    arguments.checkpoint_size = checkpoint_size(
+        loaded,
+        token=arguments.token,
+        endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None,
+        timeout=arguments.timeout,
+    )
     try:
         rendered = render(loaded, arguments)
     except KerasMHAError as error:
@@ -154,6 +162,7 @@ def render(loaded, arguments: argparse.Namespace) -> str:
         batch=arguments.batch,
         kv_dtype=arguments.kv_dtype,
         memory_request=arguments.memory_request,
+        checkpoint_size=getattr(arguments, "checkpoint_size", None),
     )
     if arguments.format == "json":
         # allow_nan=False: the output is JSON (RFC 8259), which has no NaN or Infinity.

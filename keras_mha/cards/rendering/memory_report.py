@@ -466,14 +466,18 @@ def format_lines(report: dict, width: int) -> list[str]:
     """Where the plan's weights format comes from, and its notes."""
     checkpoint = report["memory"]["weights_format"]
     origin = "the checkpoint's format" if checkpoint["from_checkpoint"] else "--weights-dtype"
-    lines = wrap(
+    text = (
         f"weights as {checkpoint['id']} ({origin}): {checkpoint['label']}; "
-        f"{_bytes(checkpoint['bytes'])}",
-        width,
-        "  ",
-        "    ",
+        f"{_bytes(checkpoint['bytes'])}"
     )
-    return lines
+    files = report["memory"].get("checkpoint_bytes")
+    if files:
+        share = files["bytes"] / checkpoint["bytes"] if checkpoint["bytes"] else 0
+        text += (
+            f"; the checkpoint's files hold {_bytes(files['bytes'])} of tensors "
+            f"({files['source']}; {share:.1%} of the computed figure)"
+        )
+    return wrap(text, width, "  ", "    ")
 
 
 def memory_table_lines(report: dict, width: int = 80) -> list[str]:

@@ -112,6 +112,7 @@ def build_report(
     batch: int = 1,
     kv_dtype: str = "bfloat16",
     memory_request=None,
+    checkpoint_size=None,
 ) -> dict:
     """The inspect report for one model, as a JSON-ready dict (keys: see the module docstring).
 
@@ -185,6 +186,7 @@ def build_report(
     memory_request = memory_request or memory_report.MemoryRequest()
     request = dict(batch=batch, seq_len=seq_lens[-1], kv_dtype=kv_dtype, request=memory_request)
     report["memory"] = memory_report.memory_entry(spec, **request, counts=counts)
+    report["memory"]["checkpoint_bytes"] = checkpoint_size.as_dict() if checkpoint_size else None
     if memory_request.device_set() is not None:
         report["fits"] = memory_report.fits_entry(
             spec, **request, context_length=report["context_length"], counts=counts
