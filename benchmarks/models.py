@@ -116,6 +116,17 @@ def _rates(prefill_seconds, total_seconds, arguments):
 def run_model_benchmark(argv=None) -> int:
     """Entry point of `keras-mha bench model`; returns the exit code."""
     arguments = parse_args(argv)
+    results = model_results(arguments)
+    if arguments.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print_results(results, arguments)
+    return 0
+
+
+def model_results(arguments) -> dict:
+    """Prefill and decode rates of keras-mha (and transformers) for parsed `arguments`;
+    `results["config"]` is the config the model was built from."""
     import keras
     import numpy as np
     import torch
@@ -199,9 +210,13 @@ def run_model_benchmark(argv=None) -> int:
                 arguments,
             ),
         }
-    if arguments.json:
-        print(json.dumps(results, indent=2))
-        return 0
+    results["config"] = config
+    return results
+
+
+def print_results(results: dict, arguments) -> None:
+    """The table `keras-mha bench model` prints."""
+    dtype = results["dtype"]
     shape = results["shape"]
     print(
         f"{arguments.card} {'(full size)' if arguments.full_size else f'/ {arguments.scale}'}: "
@@ -225,7 +240,6 @@ def run_model_benchmark(argv=None) -> int:
         f"decode step: {'compiled' if stats.get('compiled') else 'eager'}, traced "
         f"{stats.get('step_traces')} time(s) over {stats.get('step_calls')} calls"
     )
-    return 0
 
 
 if __name__ == "__main__":

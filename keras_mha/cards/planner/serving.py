@@ -175,6 +175,8 @@ class StageLayout:
         capped: `((window, elements per token), ...)` of its sliding layers.
         recurrent_bytes_per_row: Mamba state of its layers, per sequence.
         last: whether it holds the LM head (and so the logits).
+        lookup_bytes: embedding tables within `weights_bytes` that a step reads one row of
+            (not the token table when the LM head is tied to it).
     """
 
     index: int
@@ -184,6 +186,7 @@ class StageLayout:
     capped: tuple[tuple[int, int], ...]
     recurrent_bytes_per_row: int
     last: bool
+    lookup_bytes: int = 0
 
     def kv_elements(self, seq_len: int) -> int:
         """KV elements one sequence of `seq_len` tokens keeps on this device."""
@@ -240,6 +243,8 @@ class ServingModel:
         by_part = weights_by_part(self.groups, self.format, **where)
         experts = [group for group in self.groups if group.role == "expert"]
         expert_bytes = sum(weights_by_part(experts, self.format, **where).values())
+        lookups = [group for group in self.groups if _is_lookup(spec, group)]
+        lookup_bytes = sum(weights_by_part(lookups, self.format, **where).values())
         growing, capped = 0, {}
         if spec.is_decoder:
             self_share = kv_share(spec, tensor_parallel)
@@ -263,7 +268,7 @@ class ServingModel:
             recurrent = mamba_layers * inner * (spec.mamba.d_state + spec.mamba.d_conv)
             recurrent *= self.compute_bytes
         return StageLayout(index, sum(by_part.values()), expert_bytes, growing,
-                           tuple(capped.items()), recurrent, last)  # fmt: skip
+                           tuple(capped.items()), recurrent, last, lookup_bytes)  # fmt: skip
 
     def workspace_bytes(self, stage: StageLayout, batch: int, seq_len: int) -> int:
         """One prefill chunk's transients on this device, plus float32 logits on the last
@@ -318,6 +323,15 @@ class ServingModel:
             pipeline_parallel=self.placement.pipeline_parallel,
             stage=stage.index,
         )
+
+
+def _is_lookup(spec: ModelSpec, group: WeightGroup) -> bool:
+    """An embedding table read by lookup; a tied token table is also the LM head."""
+    if group.role != "embedding":
+        return False
+    width = spec.word_embed_proj_dim or spec.hidden_size
+    tied_head = spec.tie_word_embeddings and spec.head_kind in ("lm", "masked_lm")
+    return not (tied_head and group.out_features == spec.vocab_size * width)
 
 
 def resolve_format(weights_dtype: str, weights_format: WeightsFormat | None) -> WeightsFormat:

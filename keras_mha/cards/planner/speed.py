@@ -1,9 +1,10 @@
 """Upper bounds on serving speed from the hardware alone: decode tokens per second as a
 memory-bandwidth roofline, prefill time (time to first token) as a compute roofline.
 
-Decode: every step reads, on each device, its share of the weights (of an MoE layer's
-routed experts only those the batch's tokens pick: `E * (1 - (1 - k/E)**B)` of `E` under
-uniform routing) and of the KV cache and recurrent state. A step cannot take less than
+Decode: every step reads, on each device, its share of the weights (not the embedding
+tables it looks one row up in; of an MoE layer's routed experts only those the batch's
+tokens pick: `E * (1 - (1 - k/E)**B)` of `E` under uniform routing) and of the KV cache
+and recurrent state. A step cannot take less than
 `bytes / bandwidth`, nor less than `FLOPs / peak` (`2 x` the active matmul parameters per
 token plus the attention over the cached tokens):
 
@@ -33,8 +34,8 @@ Example:
     >>> from keras_mha.cards.planner.serving import ServingModel
     >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
     >>> bounds = speed_bounds(ServingModel(spec), find_gpu("H100"), batch=1, seq_len=8192)
-    >>> round(bounds.decode_tokens_per_s)  # 3.35 TB/s over 16.06 GB + 1.07 GB
-    196
+    >>> round(bounds.decode_tokens_per_s)  # 3.35 TB/s over 15.01 GB + 1.07 GB
+    208
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ def speed_bounds(serving: ServingModel, gpu: GPU, *, batch: int, seq_len: int) -
         expert_share /= spec.num_experts
     stage_bytes = []
     for stage in serving.stages:
-        weights = stage.weights_bytes - stage.expert_bytes * (1 - expert_share)
+        weights = stage.weights_bytes - stage.lookup_bytes
+        weights -= stage.expert_bytes * (1 - expert_share)
         state = serving.kv_bytes(stage, batch, seq_len) + batch * stage.recurrent_bytes_per_row
         stage_bytes.append(weights + state)
     bandwidth = gpu.bandwidth_bytes_per_s
