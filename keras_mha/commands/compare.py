@@ -377,7 +377,7 @@ def render(comparison: dict, output_format: str, width: int = 80) -> str:
         >>> render({"batch": 1, "seq_len": 8, "kv_dtype": "int8", "models": []}, "json")
         '{\\n  "batch": 1,\\n  "seq_len": 8,\\n  "kv_dtype": "int8",\\n  "models": []\\n}'
     """
-    from keras_mha.cards.rendering.text import UNLIMITED, wrap
+    from keras_mha.cards.rendering.text import UNLIMITED, wrap, wrap_markdown
 
     if output_format == "json":
         import json
@@ -413,7 +413,7 @@ def render(comparison: dict, output_format: str, width: int = 80) -> str:
         if warnings:
             lines += ["", "**Warnings**", ""]
             lines += [f"- {_markdown(model)}: {_markdown(text)}" for model, text in warnings]
-        return "\n".join(lines) + "\n"
+        return "\n".join(wrap_markdown(lines)) + "\n"
     names = [escape(report["model"]) for report in comparison["models"]]
     label_width = max(len(label) for label, _ in rows)
     if width < UNLIMITED:

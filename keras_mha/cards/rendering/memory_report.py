@@ -448,8 +448,6 @@ def _summary_lines(report: dict, width: int) -> list[str]:
          _bytes(serving["total_bytes"]), serving_parts),
         (f"training ({training['optimizer']}, {training['precision']})",
          _bytes(training["total_bytes"]), training_parts),
-        ("  with checkpointing", _bytes(training["total_bytes_checkpointed"]),
-         f"activations {_bytes(training['activation_bytes_checkpointed'])}"),
     )  # fmt: skip
     label_width = max(len(label) for label, _, _ in rows)
     lines = []
@@ -459,6 +457,11 @@ def _summary_lines(report: dict, width: int) -> list[str]:
         else:
             lines.append(f"  {label:<{label_width}}  {total}")
             lines += wrap(f"= {parts}", width, "      ", "        ")
+    checkpointed = (
+        f"{_bytes(training['total_bytes_checkpointed'])} (activations "
+        f"{_bytes(training['activation_bytes_checkpointed'])})"
+    )
+    lines.append(f"  {'  with checkpointing':<{label_width}}  {checkpointed}")
     return lines
 
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
 from keras_mha.cards.rendering import memory_report
-from keras_mha.cards.rendering.text import DEFAULT_WIDTH, aligned, wrap
+from keras_mha.cards.rendering.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
 from keras_mha.hub import bundled
 from keras_mha.safe_text import visible
 
@@ -612,7 +612,7 @@ def render_markdown(report: dict) -> str:
         "config.json alone, without downloading weights.</sub>",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(wrap_markdown(lines))
 
 
 def _thousands(value) -> str:

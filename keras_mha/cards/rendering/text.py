@@ -116,8 +116,37 @@ def format_bandwidth(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e9:.3g} GB/s"
 
 
+MARKDOWN_WIDTH = 100
+
+
+def wrap_markdown(lines: list[str], width: int = MARKDOWN_WIDTH) -> list[str]:
+    """Prose lines of a markdown document wrapped at `width` (a soft break renders as a
+    space); table rows, headings, HTML and code fences stay whole. List items and quotes
+    continue indented.
+
+    Example:
+        >>> wrap_markdown(["- " + "word " * 30], 40)[1]
+        '  word word word word word word word word'
+    """
+    wrapped, fenced = [], False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or len(line) <= width or line.startswith(("|", "#", "<", "```")):
+            wrapped.append(line)
+        elif line.startswith("> "):
+            wrapped += wrap(line[2:], width, "> ", "> ")
+        elif line.startswith("- "):
+            wrapped += wrap(line[2:], width, "- ", "  ")
+        else:
+            wrapped += wrap(line, width)
+    return wrapped
+
+
 __all__ = [
     "DEFAULT_WIDTH",
+    "MARKDOWN_WIDTH",
+    "wrap_markdown",
     "UNLIMITED",
     "aligned",
     "format_bandwidth",
