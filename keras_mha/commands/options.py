@@ -162,8 +162,8 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
         "tensor-parallel over devices / P",
     )
     parser.add_argument(
-        "--memory-utilization",
         "--gpu-memory-utilization",
+        "--memory-utilization",
         dest="memory_utilization",
         type=fraction_type,
         default=DEFAULT_MEMORY_UTILIZATION,

@@ -461,7 +461,7 @@ def _summary_lines(report: dict, width: int) -> list[str]:
         f"{_bytes(training['total_bytes_checkpointed'])} (activations "
         f"{_bytes(training['activation_bytes_checkpointed'])})"
     )
-    lines.append(f"  {'  with checkpointing':<{label_width}}  {checkpointed}")
+    lines += wrap(checkpointed, width, f"  {'  with checkpointing':<{label_width}}  ", " " * 8)
     return lines
 
 
