@@ -350,11 +350,12 @@ def _training_verdict(fits: dict) -> str:
         return "fits" if fit else "does not fit"
 
     devices = (fits.get("devices") or {}).get("count", 1)
-    how = f" (fully sharded over {devices} devices)" if devices > 1 else ""
+    per = " per device" if devices > 1 else ""
+    how = f"fully sharded over {devices} devices, " if devices > 1 else ""
     return (
-        f"{verdict_word(fits['training_fits'])}{how} ({_bytes(fits['training_bytes'])}); with "
-        f"activation checkpointing {verdict_word(fits['training_fits_checkpointed'])} "
-        f"({_bytes(fits['training_bytes_checkpointed'])})"
+        f"{how}{verdict_word(fits['training_fits'])} ({_bytes(fits['training_bytes'])}{per}); "
+        f"with activation checkpointing {verdict_word(fits['training_fits_checkpointed'])} "
+        f"({_bytes(fits['training_bytes_checkpointed'])}{per})"
     )
 
 

@@ -1,6 +1,6 @@
 """Build the `keras-mha inspect` report (a JSON-ready dict) and render it as text or markdown.
 
-The report's core keys are fixed by the README ("JSON output") and never change meaning:
+The report's core keys never change meaning (docs/reference/json.md, "The contract"):
 
     model, source, model_type,
     attention{kind, num_layers, num_attention_heads, num_key_value_heads, head_dim,
@@ -13,7 +13,8 @@ Extra keys add detail: `revision`, `commit`, `source_note`, `architecture`,
 `parameters.active` (MoE, else null), `parameters.breakdown`, `parameters.vision`
 (multimodal vision tower + projector, else null), `kv_cache_by_seq_len`
 (one `kv_cache`-shaped entry per requested length, in the order asked),
-`bundled_card` (provenance of a bundled snapshot) and `warnings`.
+`bundled_card` (provenance of a bundled snapshot) and `warnings`; with a memory size,
+`fits` and `speed_bounds` (keras_mha.cards.rendering.memory_report).
 
 With several sequence lengths, `kv_cache` is the LAST one requested (so
 `--seq-len 4096,32768` reports 32768 there) and `kv_cache_by_seq_len` lists all.
