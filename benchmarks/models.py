@@ -92,7 +92,7 @@ def scaled_config(config: dict, scale: int) -> dict:
     return config
 
 
-def _median_seconds(function, repeats):
+def median_seconds(function, repeats):
     function()  # warm-up: compiles
     times = []
     for _ in range(repeats):
@@ -180,8 +180,8 @@ def model_results(arguments) -> dict:
     results["keras_mha"] = {
         "backend": keras.backend.backend(),
         **_rates(
-            _median_seconds(ours(1), arguments.repeats),
-            _median_seconds(ours(arguments.new_tokens), arguments.repeats),
+            median_seconds(ours(1), arguments.repeats),
+            median_seconds(ours(arguments.new_tokens), arguments.repeats),
             arguments,
         ),
         "generation": generation_stats(model),
@@ -205,8 +205,8 @@ def model_results(arguments) -> dict:
         results["transformers"] = {
             "backend": f"torch {torch.__version__}",
             **_rates(
-                _median_seconds(theirs(1), arguments.repeats),
-                _median_seconds(theirs(arguments.new_tokens), arguments.repeats),
+                median_seconds(theirs(1), arguments.repeats),
+                median_seconds(theirs(arguments.new_tokens), arguments.repeats),
                 arguments,
             ),
         }

@@ -21,21 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+
+from benchmarks.models import median_seconds
 
 COPY_BYTES = 256 * 2**20
 MATMUL_SIZE = 2048
-
-
-def _median_seconds(function, repeats: int) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def copy_bandwidth(size_bytes: int = COPY_BYTES, repeats: int = 5) -> float:
@@ -44,7 +34,7 @@ def copy_bandwidth(size_bytes: int = COPY_BYTES, repeats: int = 5) -> float:
 
     source = np.ones(size_bytes // 4, dtype="float32")
     target = np.empty_like(source)
-    return 2 * size_bytes / _median_seconds(lambda: np.copyto(target, source), repeats)
+    return 2 * size_bytes / median_seconds(lambda: np.copyto(target, source), repeats)
 
 
 def matmul_flops(size: int = MATMUL_SIZE, repeats: int = 5) -> float:
@@ -52,7 +42,7 @@ def matmul_flops(size: int = MATMUL_SIZE, repeats: int = 5) -> float:
     import numpy as np
 
     a = np.random.default_rng(0).standard_normal((size, size), dtype="float32")
-    return 2 * size**3 / _median_seconds(lambda: a @ a, repeats)
+    return 2 * size**3 / median_seconds(lambda: a @ a, repeats)
 
 
 def bound(config: dict, *, bandwidth: float, flops: float, batch: int, seq_len: int):

@@ -72,13 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     options.add_batch_argument(
         parser, default=1, help_text="sequences served at once (default 1; also --batch-size)"
     )
-    parser.add_argument(
-        "--kv-dtype",
-        type=options.dtype_type("--kv-dtype"),
-        default="bfloat16",
-        metavar="DTYPE",
-        help="KV-cache element type (default bfloat16; aliases bf16, fp8, ...)",
-    )
+    options.add_kv_dtype_argument(parser)
     options.add_memory_arguments(parser)
     parser.add_argument("--format", default="table", choices=OUTPUT_FORMATS)
     parser.add_argument(

@@ -77,14 +77,7 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
     options.add_batch_argument(
         inspect, default=1, help_text="sequences served at once (default 1; also --batch-size)"
     )
-    inspect.add_argument(
-        "--kv-dtype",
-        default="bfloat16",
-        type=options.dtype_type("--kv-dtype"),
-        metavar="DTYPE",
-        help=f"KV-cache element type: {', '.join(options.units.DTYPES)} (aliases bf16, fp16, "
-        "fp8, fp32, ...; default bfloat16)",
-    )
+    options.add_kv_dtype_argument(inspect)
     inspect.add_argument(
         "--format", default="table", choices=OUTPUT_FORMATS, help="output format (default table)"
     )

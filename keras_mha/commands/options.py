@@ -214,6 +214,18 @@ def add_wide_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_kv_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """`--kv-dtype`, with the usual aliases (bf16, fp8, ...)."""
+    parser.add_argument(
+        "--kv-dtype",
+        default="bfloat16",
+        type=dtype_type("--kv-dtype"),
+        metavar="DTYPE",
+        help=f"KV-cache element type: {', '.join(units.DTYPES)} (aliases bf16, fp16, fp8, "
+        "fp32, ...; default bfloat16)",
+    )
+
+
 def add_batch_argument(parser: argparse.ArgumentParser, *, help_text: str, default: int) -> None:
     """`--batch` (also spelled `--batch-size`, as `prune` and most tools do)."""
     parser.add_argument(
@@ -288,6 +300,7 @@ __all__ = [
     "PRECISIONS",
     "add_batch_argument",
     "add_hub_arguments",
+    "add_kv_dtype_argument",
     "add_memory_arguments",
     "add_wide_argument",
     "fraction_type",

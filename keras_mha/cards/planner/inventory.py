@@ -25,7 +25,7 @@ Example:
     ...     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
     ...     "intermediate_size": 128, "vocab_size": 100})
     >>> [(g.role, g.in_features, g.out_features, g.count) for g in weight_groups(spec)][:3]
-    [('embedding', 0, 6400, 1), ('attention', 64, 64, 4), ('kv_projection', 64, 32, 4)]
+    [('embedding', 0, 6400, 1), ('attention', 64, 64, 2), ('kv_projection', 64, 32, 2)]
 """
 
 from __future__ import annotations

@@ -109,6 +109,7 @@ from keras_mha.cards.planner.serving import (
     moe_elements,
     resolve_format,
     serving_memory,
+    serving_model,
 )
 from keras_mha.cards.planner.serving import check_dtype as _check_dtype
 from keras_mha.cards.planner.serving import positive as _positive
@@ -480,19 +481,10 @@ def training_memory(
 # -- serving ------------------------------------------------------------------------------------
 
 
-def serving_bytes_function(
-    spec: ModelSpec,
-    *,
-    weights_dtype: str = "bfloat16",
-    kv_dtype: str = "bfloat16",
-    compute_dtype: str = "bfloat16",
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    counts: ParameterCounts | None = None,
-    weights_format: WeightsFormat | None = None,
-    placement: Placement | None = None,
-) -> Callable[[int, int], int]:
-    """`(batch, seq_len) -> serving_memory(...).total_bytes`, fast enough to search with
-    (a `ServingModel`: the KV cache's per-layer layout and the weights are read once).
+def serving_bytes_function(spec: ModelSpec, **options) -> Callable[[int, int], int]:
+    """`(batch, seq_len) -> serving_memory(...).total_bytes`, fast enough to search with:
+    a `ServingModel` (`serving.serving_model`, same `options`) reads the KV cache's
+    per-layer layout and the weights once.
 
     Example:
         >>> from keras_mha.hub.config import load_config
@@ -502,15 +494,7 @@ def serving_bytes_function(
         >>> serving(2, 40000) == serving_memory(spec, batch=2, seq_len=40000).total_bytes
         True
     """
-    del counts
-    return ServingModel(
-        spec,
-        weights_format=resolve_format(weights_dtype, weights_format),
-        kv_dtype=kv_dtype,
-        compute_dtype=compute_dtype,
-        prefill_chunk=prefill_chunk,
-        placement=placement,
-    )
+    return serving_model(spec, **options)
 
 
 # -- fits ---------------------------------------------------------------------------------------

@@ -341,11 +341,9 @@ def resolve_format(weights_dtype: str, weights_format: WeightsFormat | None) -> 
     return dtype_format(check_dtype("weights_dtype", weights_dtype))
 
 
-def serving_memory(
+def serving_model(
     spec: ModelSpec,
     *,
-    batch: int,
-    seq_len: int,
     weights_dtype: str = "bfloat16",
     kv_dtype: str = "bfloat16",
     compute_dtype: str = "bfloat16",
@@ -353,15 +351,33 @@ def serving_memory(
     counts=None,
     weights_format: WeightsFormat | None = None,
     placement: Placement | None = None,
-) -> ServingMemory:
-    """Memory to serve `batch` sequences of `seq_len` tokens on one device (formulas: the
-    module docstring of `keras_mha.cards.planner.memory`).
+) -> ServingModel:
+    """A `ServingModel` from the planner's usual arguments: `weights_dtype` (a dtype of
+    `DTYPES`) unless `weights_format` is given; `counts` is accepted for compatibility
+    (the weights are counted per tensor).
 
-    Args:
-        weights_dtype: a dtype of `DTYPES` (ignored when `weights_format` is given).
-        weights_format: a `WeightsFormat` (e.g. the checkpoint's, from `checkpoint_format`).
-        placement: tensor and pipeline parallel sizes (default one device).
-        counts: accepted for compatibility; the weights are counted per tensor.
+    Example:
+        >>> from keras_mha.cards.spec import from_config
+        >>> spec = from_config({"model_type": "llama", "hidden_size": 64,
+        ...     "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
+        ...     "vocab_size": 100})
+        >>> serving_model(spec, weights_dtype="int8").format.id
+        'int8'
+    """
+    del counts
+    return ServingModel(
+        spec,
+        weights_format=resolve_format(weights_dtype, weights_format),
+        kv_dtype=kv_dtype,
+        compute_dtype=compute_dtype,
+        prefill_chunk=prefill_chunk,
+        placement=placement,
+    )
+
+
+def serving_memory(spec: ModelSpec, *, batch: int, seq_len: int, **options) -> ServingMemory:
+    """Memory to serve `batch` sequences of `seq_len` tokens on one device (the fullest,
+    with several); `options` as `serving_model` (formulas: docs/concepts/cost-model.md).
 
     Example:
         >>> from keras_mha.hub.config import load_config
@@ -371,17 +387,8 @@ def serving_memory(
         >>> memory.kv_cache_bytes
         1073741824
     """
-    del counts
     batch, seq_len = positive("batch", batch), positive("seq_len", seq_len)
-    model = ServingModel(
-        spec,
-        weights_format=resolve_format(weights_dtype, weights_format),
-        kv_dtype=kv_dtype,
-        compute_dtype=compute_dtype,
-        prefill_chunk=prefill_chunk,
-        placement=placement,
-    )
-    return model.memory(batch, seq_len)
+    return serving_model(spec, **options).memory(batch, seq_len)
 
 
 __all__ = [
@@ -392,4 +399,5 @@ __all__ = [
     "ServingModel",
     "StageLayout",
     "serving_memory",
+    "serving_model",
 ]

@@ -126,7 +126,7 @@ def wrap_markdown(lines: list[str], width: int = MARKDOWN_WIDTH) -> list[str]:
 
     Example:
         >>> wrap_markdown(["- " + "word " * 30], 40)[1]
-        '  word word word word word word word word'
+        '  word word word word word word word'
     """
     wrapped, fenced = [], False
     for line in lines:
