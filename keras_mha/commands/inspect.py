@@ -27,7 +27,6 @@ from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
 from keras_mha.errors import KerasMHAError
 from keras_mha.hub.config import load_config
-from keras_mha.hub.weights_size import checkpoint_size
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 
@@ -110,6 +109,8 @@ def run(arguments: argparse.Namespace) -> int:
         offline=True if arguments.offline else None,
         timeout=arguments.timeout,
     )
+    from keras_mha.hub.weights_size import checkpoint_size
+
     arguments.checkpoint_size = checkpoint_size(
         loaded,
         token=arguments.token,

@@ -26,8 +26,6 @@ from keras_mha.cards.planner.inventory import weight_groups
 from keras_mha.cards.planner.placement import Placement, tensor_parallel_problem
 from keras_mha.cards.planner.quantization import WeightsFormat, checkpoint_format, dtype_format
 from keras_mha.cards.planner.serving import ServingModel
-from keras_mha.cards.planner.speed import speed_bounds
-from keras_mha.cards.planner.suggestions import suggestions
 from keras_mha.cards.rendering.text import (
     UNLIMITED,
     aligned,
@@ -197,6 +195,8 @@ def fits_entry(
     entry["parallel_note"] = tensor_parallel_problem(spec, devices.tensor_parallel)
     entry["suggestions"] = []
     if not plan.serving_fits:
+        from keras_mha.cards.planner.suggestions import suggestions
+
         entry["suggestions"] = suggestions(
             spec, weights_format=fmt, devices=devices, batch=batch, seq_len=seq_len,
             kv_dtype=kv_dtype, prefill_chunk=request.prefill_chunk,
@@ -220,6 +220,8 @@ def speed_entry(spec, *, batch: int, seq_len: int, kv_dtype: str, request: Memor
         >>> bounds["decode_limited_by"], bounds["upper_bound"]
         ('memory bandwidth', True)
     """
+    from keras_mha.cards.planner.speed import speed_bounds
+
     devices = request.device_set()
     if devices is None or devices.gpu is None:
         return None

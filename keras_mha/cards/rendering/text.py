@@ -10,8 +10,6 @@ Example:
 
 from __future__ import annotations
 
-import textwrap
-
 # `--wide`: no line is wrapped.
 UNLIMITED = 10**9
 DEFAULT_WIDTH = 80
@@ -28,6 +26,8 @@ def wrap(text: str, width: int | None, first: str = "", rest: str | None = None)
     rest = first if rest is None else rest
     if width is None or width >= UNLIMITED or len(first) + len(text) <= width:
         return [first + text]
+    import textwrap  # only when a line is too long: kept off the JSON path's start-up
+
     return textwrap.wrap(
         text,
         width=max(width, len(rest) + 20),
