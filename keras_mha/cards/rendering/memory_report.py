@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from keras_mha.cards.costs import ParameterCounts, parameter_counts
 from keras_mha.cards.planner import memory
 from keras_mha.cards.planner.gpus import GPU
+from keras_mha.cards.rendering.formatting import format_bytes
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def fits_warnings(report: dict) -> list[str]:
     weights = report["memory"]["weights_bytes"]
     needed = weights[fits["weights_dtype"]]
     smaller = [
-        f"{dtype} {_bytes(size)}"
+        f"{dtype} {format_bytes(size)}"
         for dtype, size in weights.items()
         if size <= fits["memory_bytes"] and dtype != fits["weights_dtype"]
     ]
@@ -173,18 +174,12 @@ def fits_warnings(report: dict) -> list[str]:
         else "; no weight dtype fits"
     )
     return [
-        f"the weights alone need {_bytes(needed)} in {fits['weights_dtype']}, more than the "
-        f"{_bytes(fits['memory_bytes'])} of {_memory_name(fits)}: nothing fits{hint}"
+        f"the weights alone need {format_bytes(needed)} in {fits['weights_dtype']}, more than the "
+        f"{format_bytes(fits['memory_bytes'])} of {_memory_name(fits)}: nothing fits{hint}"
     ]
 
 
 # -- rendering ----------------------------------------------------------------------------------
-
-
-def _bytes(size) -> str:
-    from keras_mha.cards.rendering.report import format_bytes
-
-    return format_bytes(size)
 
 
 def _memory_name(fits: dict) -> str:
@@ -228,7 +223,9 @@ def _weights_table_lines(entry: dict) -> list[str]:
     table = [("weights", "total", *(heading for _, heading in parts))]
     for dtype, total in entry["weights_bytes"].items():
         sizes = by_part[dtype]
-        table.append((dtype, _bytes(total), *(_bytes(sizes[part]) for part, _ in parts)))
+        table.append(
+            (dtype, format_bytes(total), *(format_bytes(sizes[part]) for part, _ in parts))
+        )
     widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
     lines = []
     for row in table:
@@ -244,31 +241,33 @@ def _summary_rows(report: dict) -> list[tuple[str, str]]:
     rows = [
         (
             f"serving ({serving['weights_dtype']} weights, {serving['kv_dtype']} KV)",
-            f"{_bytes(serving['total_bytes'])} = weights {_bytes(serving['weights_bytes'])}"
-            f" + KV cache {_bytes(serving['kv_cache_bytes'])}"
+            f"{format_bytes(serving['total_bytes'])} = "
+            f"weights {format_bytes(serving['weights_bytes'])}"
+            f" + KV cache {format_bytes(serving['kv_cache_bytes'])}"
             + (
-                f" + recurrent state {_bytes(serving['recurrent_state_bytes'])}"
+                f" + recurrent state {format_bytes(serving['recurrent_state_bytes'])}"
                 if serving["recurrent_state_bytes"]
                 else ""
             )
-            + f" + prefill workspace {_bytes(serving['activation_bytes'])}",
+            + f" + prefill workspace {format_bytes(serving['activation_bytes'])}",
         ),
         (
             f"training ({training['optimizer']}, {training['precision']})",
-            f"{_bytes(training['total_bytes'])} = weights {_bytes(training['weights_bytes'])}"
+            f"{format_bytes(training['total_bytes'])} = "
+            f"weights {format_bytes(training['weights_bytes'])}"
             + (
-                f" + float32 master weights {_bytes(training['master_weights_bytes'])}"
+                f" + float32 master weights {format_bytes(training['master_weights_bytes'])}"
                 if training["master_weights_bytes"]
                 else ""
             )
-            + f" + gradients {_bytes(training['gradient_bytes'])} + optimizer "
-            f"{_bytes(training['optimizer_bytes'])} + activations "
-            f"{_bytes(training['activation_bytes'])}",
+            + f" + gradients {format_bytes(training['gradient_bytes'])} + optimizer "
+            f"{format_bytes(training['optimizer_bytes'])} + activations "
+            f"{format_bytes(training['activation_bytes'])}",
         ),
         (
             "  with checkpointing",
-            f"{_bytes(training['total_bytes_checkpointed'])} (activations "
-            f"{_bytes(training['activation_bytes_checkpointed'])})",
+            f"{format_bytes(training['total_bytes_checkpointed'])} (activations "
+            f"{format_bytes(training['activation_bytes_checkpointed'])})",
         ),
     ]
     return rows
@@ -278,7 +277,7 @@ def _fits_title(report: dict) -> str:
     fits = report["fits"]
     where = fits["gpu"] or "--memory"
     return (
-        f"fits in {where}: {_bytes(fits['memory_bytes'])} = {fits['memory_bytes']:,} bytes "
+        f"fits in {where}: {format_bytes(fits['memory_bytes'])} = {fits['memory_bytes']:,} bytes "
         f"({fits['weights_dtype']} weights, batch {fits['batch']}, {fits['seq_len']:,} tokens)"
     )
 
@@ -291,7 +290,7 @@ def _fits_rows(report: dict) -> list[tuple[str, str, str, str]]:
         rows.append(
             (
                 f"{dtype}{marker}",
-                _bytes(values["serving_bytes"]),
+                format_bytes(values["serving_bytes"]),
                 _length(values["max_seq_len"], fits),
                 _count(values["max_batch"]),
             )
@@ -304,9 +303,9 @@ def _training_verdict(fits: dict) -> str:
         return "fits" if fit else "does not fit"
 
     return (
-        f"{verdict(fits['training_fits'])} ({_bytes(fits['training_bytes'])}); with "
+        f"{verdict(fits['training_fits'])} ({format_bytes(fits['training_bytes'])}); with "
         f"activation checkpointing {verdict(fits['training_fits_checkpointed'])} "
-        f"({_bytes(fits['training_bytes_checkpointed'])})"
+        f"({format_bytes(fits['training_bytes_checkpointed'])})"
     )
 
 
@@ -391,9 +390,10 @@ def memory_markdown_lines(report: dict) -> list[str]:
     for dtype, size in entry["weights_bytes"].items():
         parts = entry["weights_bytes_by_part"][dtype]
         lines.append(
-            f"| {dtype} | {_bytes(size)} | {_bytes(parts['embeddings'])} | "
-            f"{_bytes(parts['attention'])} | {_bytes(parts['mlp'])} | "
-            f"{_bytes(parts['norms'])} | {_bytes(parts['lm_head'])} | {_bytes(parts['other'])} |"
+            f"| {dtype} | {format_bytes(size)} | {format_bytes(parts['embeddings'])} | "
+            f"{format_bytes(parts['attention'])} | {format_bytes(parts['mlp'])} | "
+            f"{format_bytes(parts['norms'])} | {format_bytes(parts['lm_head'])} | "
+            f"{format_bytes(parts['other'])} |"
         )
     lines += [
         "",
