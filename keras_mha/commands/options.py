@@ -22,7 +22,7 @@ import math
 
 from keras_mha.cards.planner import units
 from keras_mha.errors import UsageError
-from keras_mha.hub.config import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
+from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
