@@ -15,6 +15,7 @@ from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
 from keras_mha.hub.bundled import list_bundled
 from keras_mha.hub.config import load_config
+from tests.configs import tiny_llama
 
 pytestmark = pytest.mark.backend_independent
 
@@ -147,9 +148,7 @@ def test_activations_match_korthikanti_without_dropout_and_with_flash_attention(
 
 
 def test_gqa_and_gated_mlp_activation_terms():
-    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8,
-              "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
-              "vocab_size": 50}  # fmt: skip
+    config = tiny_llama(hidden_size=64, num_attention_heads=8, intermediate_size=96)
     spec = from_config(config)
     full, _ = memory.activation_bytes(spec, batch=1, seq_len=10, compute_dtype="float32")
     head_dim = 8

@@ -11,18 +11,10 @@ from keras_mha.cards.costs import parameter_counts
 from keras_mha.cards.planner import memory
 from keras_mha.cards.rebuild import build_attention
 from keras_mha.cards.spec import from_config
+from tests.configs import tiny_llama
 
 # A small Llama: 4 query heads sharing 2 KV heads, 32 features, 2 layers.
-CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 32,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "intermediate_size": 48,
-    "vocab_size": 64,
-}
+CONFIG = tiny_llama(vocab_size=64)
 
 
 SCALARS = ("iteration", "iterations", "learning_rate")

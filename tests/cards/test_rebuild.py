@@ -31,6 +31,7 @@ from keras_mha.cards.spec import from_config
 from keras_mha.errors import UnsupportedModelError
 from keras_mha.hub import list_bundled, load_config
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from tests.configs import tiny_llama
 
 # The tiny models' attention outputs are of order 1-3; float32 round-off stays below 1e-6.
 ATOL = 1e-5
@@ -134,17 +135,7 @@ def test_layers_without_attention_and_bad_arguments_raise():
 
 
 def test_unsupported_rope_scaling_is_named():
-    spec = from_config(
-        {
-            "model_type": "llama",
-            "hidden_size": 64,
-            "num_attention_heads": 4,
-            "num_hidden_layers": 1,
-            "intermediate_size": 128,
-            "vocab_size": 100,
-            "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
-        }
-    )
+    spec = from_config(tiny_llama(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
     with pytest.raises(UnsupportedModelError, match="rope_type='yarn'"):
         build_attention(spec, 0)
 

@@ -14,23 +14,14 @@ import pytest
 
 from keras_mha import cli, errors
 from keras_mha.commands import inspect as inspect_command
+from tests.configs import tiny_llama
 from tests.hub_server import commit_hash, hub_environment
 
 pytestmark = pytest.mark.backend_independent
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 LLAMA_3 = "meta-llama/Meta-Llama-3-8B"
-TINY_CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 100,
-    "max_position_embeddings": 128,
-}
+TINY_CONFIG = tiny_llama()
 REPOS = {
     "org/tiny": {
         "main": {"config.json": json.dumps(TINY_CONFIG).encode()},

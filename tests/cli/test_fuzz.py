@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keras_mha import cli, errors
+from tests.configs import tiny_llama
 
 pytestmark = pytest.mark.backend_independent
 
@@ -30,19 +31,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
-BASE_CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 100,
-    "max_position_embeddings": 128,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-}
+BASE_CONFIG = tiny_llama(rope_theta=10000.0)
 
 
 @pytest.fixture

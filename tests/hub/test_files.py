@@ -17,6 +17,7 @@ from keras_mha import errors
 from keras_mha.hub.files import hub_file
 from keras_mha.models import from_pretrained
 from keras_mha.models.export import _fetch_hub_files
+from tests.configs import tiny_llama
 from tests.hub_server import (
     Hostile,
     commit_hash,
@@ -27,7 +28,7 @@ from tests.hub_server import (
 
 pytestmark = pytest.mark.backend_independent
 
-CONFIG = json.dumps({"model_type": "llama", "hidden_size": 8}).encode()
+CONFIG = json.dumps(tiny_llama()).encode()
 WEIGHTS = b"not really safetensors, never read: every case fails before" * 4
 WEIGHTS_SHA256 = hashlib.sha256(WEIGHTS).hexdigest()
 TOKEN = "hf_SecretTokenThatMustNeverBePrinted42"

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from keras_mha import cli, errors
 from keras_mha.hub.config import load_config
+from tests.configs import tiny_llama
 from tests.hub_server import (
     KEEP,
     FakeHub,
@@ -32,17 +33,7 @@ from tests.hub_server import (
 
 pytestmark = pytest.mark.backend_independent
 
-TINY_CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 100,
-    "max_position_embeddings": 128,
-}
+TINY_CONFIG = tiny_llama()
 TINY_BYTES = json.dumps(TINY_CONFIG).encode()
 GOOD_TOKEN = "hf_GoodTokenWithAccess0123456789"
 REPOS = {

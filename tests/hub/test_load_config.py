@@ -14,12 +14,13 @@ import pytest
 from keras_mha.cards import errors
 from keras_mha.hub.bundled import bundled_config_path, bundled_source, list_bundled
 from keras_mha.hub.config import LoadedConfig, load_config
+from tests.configs import tiny_llama
 from tests.hub_server import HubRepo, commit_hash, hub_environment
 
 pytestmark = pytest.mark.backend_independent
 
 LLAMA_3 = "meta-llama/Meta-Llama-3-8B"
-TINY_CONFIG = {"model_type": "llama", "num_attention_heads": 4, "hidden_size": 64}
+TINY_CONFIG = tiny_llama()
 GOOD_TOKEN = "hf_test_token_with_access"
 
 

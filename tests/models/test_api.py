@@ -18,19 +18,9 @@ from keras_mha.pruning import (
     prune_heads,
     set_head_gates,
 )
+from tests.configs import tiny_llama
 
-CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 32,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "num_hidden_layers": 2,
-    "intermediate_size": 48,
-    "vocab_size": 50,
-    "tie_word_embeddings": False,
-}
+CONFIG = tiny_llama(head_dim=8)
 BERT_CONFIG = {
     "model_type": "bert",
     "architectures": ["BertModel"],
