@@ -1,5 +1,5 @@
 """`keras-mha` subcommands, one module each (`inspect`, `cards`, `compare`, `prune`,
-`bench`), exposing `add_parser(subparsers)` and `run`; `keras_mha.cli` only registers
+`heads`, `bench`), exposing `add_parser(subparsers)` and `run`; `keras_mha.cli` only registers
 them (`cli.COMMANDS`). `run(arguments) -> int` takes the parsed arguments, except
 `bench.run(argv)`, whose arguments belong to the benchmark it runs. Shared pieces:
 `options` (flags of `inspect` and `compare`), `arguments` (one-line argparse errors),
