@@ -12,8 +12,8 @@ timed with `generate`; transformers' own `generate` on torch runs the same check
 Each figure is the median of `--repeats` runs after one warm-up run (which compiles).
 
 Example:
-    KERAS_BACKEND=jax python -m benchmarks.models --scale 8
-    KERAS_BACKEND=jax python -m benchmarks.models --full-size   # GPU: bfloat16, real size
+    KERAS_BACKEND=jax python -m benchmarks model --scale 8
+    KERAS_BACKEND=jax python -m benchmarks model --full-size   # GPU: bfloat16, real size
 """
 
 from __future__ import annotations

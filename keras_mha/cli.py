@@ -6,6 +6,8 @@
                             [--optimizer O] [--precision P] [--prefill-chunk T]
                             [--token T] [--offline] [--endpoint URL] [--timeout S]
     keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
+    keras-mha heads MODEL --text FILE [--conllu FILE] [--importance METHOD] [--plot FILE.png]
+                    [--html FILE.html] [--format table|json|markdown]   what each head does
     keras-mha cards                      list the bundled cards
     keras-mha gpus                       list the accelerators --gpu knows
     keras-mha --version
@@ -38,7 +40,7 @@ import sys
 import warnings
 
 from keras_mha import moved_paths
-from keras_mha.commands import bench, cards, compare, gpus, inspect, prune
+from keras_mha.commands import bench, cards, compare, gpus, heads, inspect, prune
 from keras_mha.commands.arguments import ArgumentParser
 from keras_mha.commands.output import (
     PROGRAM,
@@ -59,7 +61,7 @@ from keras_mha.errors import (
 from keras_mha.safe_text import one_line, redact_secrets
 
 #: The subcommands, in `--help` order: each module's `add_parser(subcommands)` registers it.
-COMMANDS = (inspect, cards, compare, gpus, prune, bench)
+COMMANDS = (inspect, cards, compare, gpus, prune, heads, bench)
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
 EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
@@ -215,8 +216,6 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
 
 
 def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
-    from keras_mha.cards.rendering.report import format_bytes, format_count
-
     reports = comparison["models"]
 
     def each(function) -> list[str]:
@@ -251,7 +250,7 @@ def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
         ("head dim", each(lambda r: str(r["attention"]["head_dim"]))),
         ("attention layers", each(layers)),
         ("parameters", each(lambda r: format_count(r["parameters"]["total"]))),
-        ("context length", each(lambda r: _thousands(r.get("context_length")))),
+        ("context length", each(lambda r: format_thousands(r.get("context_length")))),
         ("KV per token", each(lambda r: kv(r, "bytes_per_token"))),
         (f"KV next token at {seq_len:,}", each(lambda r: kv(r, "marginal_bytes_per_token"))),
         (f"KV cache at {seq_len:,} x {batch}", each(lambda r: kv(r, "total_bytes"))),
@@ -269,10 +268,6 @@ def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
     if any(report.get("speed_bounds") for report in comparison["models"]):
         rows.append(("decode at most", each(lambda r: _decode_bound(r.get("speed_bounds")))))
     return rows
-
-
-def _thousands(value) -> str:
-    return f"{value:,}" if isinstance(value, int) else "-"
 
 
 def _serving_fits(fits: dict) -> str:
@@ -327,8 +322,6 @@ def _title(comparison: dict) -> str:
         f"KV cache {comparison['kv_dtype']}, weights {weights}"
     )
     if comparison["memory_bytes"] is not None:
-        from keras_mha.cards.rendering.report import format_bytes
-
         fitting = sum(report["fits"]["serving_fits"] for report in comparison["models"])
         devices = comparison.get("devices") or {}
         where = devices.get("name") or comparison["gpu"] or "--memory"

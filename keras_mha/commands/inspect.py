@@ -87,8 +87,8 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    """Run `inspect`; returns the exit status. Errors are raised (`KerasMHAError`), and the
-    CLI's `main` prints them as one line with their exit code.
+    """Report on `arguments.model` as `arguments.format` asks; 0 when printed. A model that
+    cannot be read or reported raises its `KerasMHAError` (`cli.main` prints it).
 
     Example:
         >>> from keras_mha.cli import build_parser

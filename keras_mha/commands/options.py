@@ -23,7 +23,7 @@ import math
 from keras_mha.cards.planner import units
 from keras_mha.cards.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_fraction
 from keras_mha.errors import UsageError
-from keras_mha.hub.config import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
+from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
@@ -74,6 +74,41 @@ def positive_int_type(flag: str):
 
     convert.__name__ = flag
     return convert
+
+
+#: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
+DEFAULT_MAX_TOKENS = 16384
+DEFAULT_SEQ_LEN = 128
+DEFAULT_BATCH_SIZE = 8
+
+
+def add_text_batching_arguments(
+    parser: argparse.ArgumentParser, *, text_flag: str, seq_len_help: str, batch_help: str
+) -> None:
+    """Add `--max-tokens`, `--seq-len` and `--batch-size` (also spelled `--batch`, as
+    `inspect` and `compare` spell it), positive integers, to a parser.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_text_batching_arguments(parser, text_flag="--data", seq_len_help="tokens per "
+        ...     "example", batch_help="examples per batch")
+        >>> arguments = parser.parse_args(["--seq-len", "64", "--batch", "4"])
+        >>> arguments.seq_len, arguments.batch_size
+        (64, 4)
+    """
+    for flags, default, help_text in (
+        (("--max-tokens",), DEFAULT_MAX_TOKENS, f"use at most this many tokens of {text_flag}"),
+        (("--seq-len",), DEFAULT_SEQ_LEN, seq_len_help),
+        (("--batch-size", "--batch"), DEFAULT_BATCH_SIZE, batch_help),
+    ):
+        alias = f"; also {flags[1]}" if len(flags) > 1 else ""
+        parser.add_argument(
+            *flags,
+            dest=flags[0].removeprefix("--").replace("-", "_"),
+            type=positive_int_type(flags[0]),
+            default=default,
+            help=f"{help_text} (default {default}{alias})",
+        )
 
 
 def seconds_type(text: str) -> float:
@@ -296,12 +331,16 @@ def fraction_type(text: str) -> float:
 
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_SEQ_LEN",
     "OPTIMIZERS",
     "PRECISIONS",
     "add_batch_argument",
     "add_hub_arguments",
     "add_kv_dtype_argument",
     "add_memory_arguments",
+    "add_text_batching_arguments",
     "add_wide_argument",
     "fraction_type",
     "dtype_type",

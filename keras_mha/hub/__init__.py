@@ -2,8 +2,8 @@
 cache, a local path or a bundled card, used by `keras_mha.cards` and `keras_mha.models`.
 
 - `load_config(source, revision=None, token=None, ...)`: a `LoadedConfig` (`config.py`).
-- `hub_file(repo_id, filename, ...)`: one file of a Hub repository, in the HF cache
-  (`files.py`).
+- `files.hub_file(repo_id, filename, ...)`: one file of a Hub repository, in the HF
+  cache (weights, tokenizer; not imported here: `inspect` never needs it).
 - `list_bundled()`, `bundled_config_path(model_id)`: the curated config snapshots
   shipped with keras-mha (`bundled.py`).
 
@@ -20,12 +20,10 @@ Example:
 
 from keras_mha.hub.bundled import bundled_config_path, list_bundled
 from keras_mha.hub.config import LoadedConfig, load_config, read_config_file
-from keras_mha.hub.files import hub_file
 
 __all__ = [
     "LoadedConfig",
     "bundled_config_path",
-    "hub_file",
     "list_bundled",
     "load_config",
     "read_config_file",

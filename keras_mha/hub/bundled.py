@@ -154,9 +154,26 @@ def bundled_source(model_id: str) -> dict:
         return json.load(source_file)
 
 
+def did_you_mean(repo_id: str) -> str:
+    """'; did you mean X (bundled:X)?' for a mistyped id of a bundled model, else '', to
+    end a message about `repo_id`.
+
+    Example:
+        >>> did_you_mean("openai-community/gpt-2")
+        '; did you mean openai-community/gpt2 (bundled:openai-community/gpt2)?'
+    """
+    if bundled_config_path(repo_id) is not None:
+        return ""
+    close = close_bundled_ids(repo_id)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(f"{name} (bundled:{name})" for name in close) + "?"
+
+
 __all__ = [
     "bundled_card_directory",
     "close_bundled_ids",
+    "did_you_mean",
     "bundled_cards_root",
     "bundled_config_path",
     "bundled_source",

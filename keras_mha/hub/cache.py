@@ -8,7 +8,7 @@ so that `huggingface_hub.try_to_load_from_cache`, `hf_hub_download` (offline or 
 and transformers find it exactly as if huggingface_hub had downloaded it. Unlike
 `hf_hub_download`, every name that comes from the server is checked first: the ETag
 must be a 40- or 64-hex hash, the commit a 40-hex hash, the revision a valid ref
-(`hub_inputs.validate_revision`), and every path is checked to lie inside the repo's
+(`inputs.validate_revision`), and every path is checked to lie inside the repo's
 cache folder before anything is written. Writes are atomic (a temporary file in the
 same folder, then `os.replace`), so a crash or a full disk never leaves a half file.
 
@@ -25,10 +25,10 @@ import tempfile
 from pathlib import Path
 
 from keras_mha.errors import HubResponseError, PathError
+from keras_mha.hub.config_json import CONFIG_FILENAME
 from keras_mha.hub.inputs import COMMIT_HASH, revision_problem
 from keras_mha.safe_text import one_line
 
-CONFIG_FILENAME = "config.json"
 _ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 # A top-level file of a repository (what keras-mha downloads); never a path.
 _FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")

@@ -9,11 +9,11 @@
 
 A Hub id is read the way huggingface_hub reads it (the HF cache, `HF_TOKEN`,
 `HF_ENDPOINT`, `HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE`, huggingface_hub's own HTTP
-session), but keras-mha fetches the few KB itself (`hub_fetch`: one GET under one
+session), but keras-mha fetches the few KB itself (`fetch`: one GET under one
 deadline, a 10 MB cap, checked redirects) and writes them into the HF cache only after
-checking every name the server sent (`hub_cache`): a hostile endpoint cannot make it
+checking every name the server sent (`cache`): a hostile endpoint cannot make it
 write outside the cache. The revision, token and endpoint are checked before any
-request (`hub_inputs`).
+request (`inputs`, `settings`).
 
 When the Hub cannot be reached (no connection, a timeout, the Hub answering 5xx, or
 offline mode), a cached copy answers; with nothing cached, the bundled card for the
@@ -34,25 +34,20 @@ Example:
 from __future__ import annotations
 
 import errno
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from keras_mha.errors import (
-    CardError,
     ConfigFileNotFoundError,
-    GatedRepositoryError,
     HubResponseError,
     HubUnreachableError,
-    InvalidTokenError,
     PathError,
     RepositoryNotFoundError,
-    RevisionNotFoundError,
     UsageError,
 )
-from keras_mha.hub import bundled
-from keras_mha.hub.config_json import parse_config_bytes, read_config_file
+from keras_mha.hub import bundled, settings
+from keras_mha.hub.config_json import CONFIG_FILENAME, parse_config_bytes, read_config_file
 from keras_mha.hub.inputs import (
     looks_like_hub_url,
     parse_hub_url,
@@ -60,16 +55,11 @@ from keras_mha.hub.inputs import (
     validate_revision,
     validate_token,
 )
+from keras_mha.hub.responses import error_for_status
+from keras_mha.hub.settings import DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS
 from keras_mha.safe_text import one_line
 
-CONFIG_FILENAME = "config.json"
 BUNDLED_PREFIX = "bundled:"
-DEFAULT_TIMEOUT_SECONDS = 10.0
-#: The longest `timeout` accepted (a day); anything longer is a typo, not a wish.
-MAX_TIMEOUT_SECONDS = 86400.0
-
-_TRUE_STRINGS = {"1", "on", "yes", "true"}
-_INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 
 
 @dataclass(frozen=True)
@@ -167,8 +157,8 @@ def load_config(
     hub_options = dict(
         token=token,
         endpoint=endpoint,
-        offline=_offline_requested() if offline is None else offline,
-        timeout=_deadline_seconds(timeout),
+        offline=settings.offline_requested() if offline is None else offline,
+        timeout=settings.deadline_seconds(timeout),
         cache_dir=cache_dir,
     )
     local_path = _expand_user(source)
@@ -177,7 +167,8 @@ def load_config(
     if "://" not in source and _local_path_exists(source, local_path):
         return _load_local(source, local_path, revision)
     if looks_like_hub_url(source):
-        repo_id, url_revision = parse_hub_url(source, endpoint=endpoint or _configured_endpoint())
+        configured = endpoint or settings.configured_endpoint()
+        repo_id, url_revision = parse_hub_url(source, endpoint=configured)
         if url_revision is not None and revision is not None and url_revision != revision:
             raise UsageError(
                 f"--revision {revision!r} conflicts with revision {url_revision!r} in the URL "
@@ -270,16 +261,6 @@ def _unknown_bundled_message(model_id: str) -> str:
     )
 
 
-def _did_you_mean(repo_id: str) -> str:
-    """'; did you mean bundled:X?' for a mistyped id of a bundled model, else ''."""
-    if bundled.bundled_config_path(repo_id) is not None:
-        return ""
-    close = bundled.close_bundled_ids(repo_id)
-    if not close:
-        return ""
-    return "; did you mean " + " or ".join(f"{name} (bundled:{name})" for name in close) + "?"
-
-
 def _looks_like_path(source: str) -> bool:
     """True for strings that cannot be a Hub repo id, so a missing path is reported as such."""
     return (
@@ -295,110 +276,6 @@ def _shorten(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE_STRINGS
-
-
-def _offline_requested() -> bool:
-    # Read the environment at call time: huggingface_hub reads HF_HUB_OFFLINE once, at import.
-    return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE")
-
-
-def _configured_endpoint() -> str | None:
-    return os.environ.get("HF_ENDPOINT") or None
-
-
-# Timeouts huggingface_hub reads from the environment once, at import, with `int()`: a
-# value it cannot read would fail that import, so each is checked before.
-TIMEOUT_VARIABLES = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
-
-
-def environment_timeout(name: str) -> int | None:
-    """The whole number of seconds in environment variable `name`, None when unset.
-
-    Raises:
-        UsageError: not a whole number of seconds from 1 to a day (what huggingface_hub
-            reads with `int()`; 0 or a negative value would never time out or fail).
-
-    Example:
-        >>> environment_timeout("KERAS_MHA_UNSET_VARIABLE") is None
-        True
-    """
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        seconds = int(text)
-    except ValueError:
-        seconds = None
-    if seconds is None or not 1 <= seconds <= MAX_TIMEOUT_SECONDS:
-        raise UsageError(
-            f"{name}={one_line(text)[:40]!r} is not a timeout; expected a whole number of "
-            f"seconds from 1 to {MAX_TIMEOUT_SECONDS:g}, e.g. {name}=10 (or unset it)",
-            key=name,
-            value=text,
-        )
-    return seconds
-
-
-def check_hub_environment() -> None:
-    """Refuse, in one line, an environment huggingface_hub would fail to import with.
-
-    Example:
-        >>> check_hub_environment()
-    """
-    for name in TIMEOUT_VARIABLES:
-        environment_timeout(name)
-
-
-def _deadline_seconds(timeout: float) -> float:
-    """The deadline for the whole Hub exchange; `HF_HUB_ETAG_TIMEOUT` wins when set."""
-    from_environment = environment_timeout("HF_HUB_ETAG_TIMEOUT")
-    if from_environment is not None:
-        return float(from_environment)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
-        or not 0 < timeout <= MAX_TIMEOUT_SECONDS
-    ):
-        raise UsageError(
-            f"--timeout {timeout!r} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]",
-            key="timeout",
-            value=timeout,
-        )
-    return float(timeout)
-
-
-def _resolve_token(huggingface_hub, token) -> tuple[str | None, str]:
-    """(the token to send or None, how messages name it); malformed tokens are refused."""
-    if isinstance(token, str):
-        return token, "--token"
-    if token is False:
-        return None, "no token"
-    from huggingface_hub import constants
-
-    if token is None and constants.HF_HUB_DISABLE_IMPLICIT_TOKEN:
-        return None, "no token"
-    from_environment = bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
-    named = "HF_TOKEN" if from_environment else "the stored Hub token"
-    try:
-        resolved = huggingface_hub.get_token()
-    except Exception as error:  # noqa: BLE001 - e.g. an OIDC exchange that failed
-        raise InvalidTokenError(
-            f"{named}: cannot be read ({type(error).__name__}); log in again with "
-            "`hf auth login` or set HF_TOKEN"
-        ) from None
-    if resolved is None:
-        if token is True:
-            raise InvalidTokenError(
-                "token=True but no Hub token is stored; log in with `hf auth login` or set HF_TOKEN"
-            )
-        return None, "no token"
-    validate_token(resolved, argument=named)
-    return resolved, named
-
-
 def _load_from_hub(
     repo_id: str,
     *,
@@ -409,7 +286,7 @@ def _load_from_hub(
     timeout: float,
     cache_dir: str | os.PathLike | None,
 ) -> LoadedConfig:
-    check_hub_environment()
+    settings.check_hub_environment()
     try:
         import huggingface_hub
     except ImportError as error:
@@ -429,7 +306,7 @@ def _load_from_hub(
             f"{_shorten(repo_id)}: not a valid Hub model id and not an existing local path "
             f"({_shorten(one_line(str(error)), 160)}); "
             f"pass org/name, a directory holding config.json, or bundled:org/name"
-            f"{_did_you_mean(repo_id)}",
+            f"{bundled.did_you_mean(repo_id)}",
             model_id=repo_id,
         ) from None
 
@@ -451,7 +328,7 @@ def _load_from_hub(
         endpoint if endpoint is not None else constants.ENDPOINT,
         argument="--endpoint" if endpoint is not None else "HF_ENDPOINT",
     )
-    token_to_send, token_name = _resolve_token(huggingface_hub, token)
+    token_to_send, token_name = settings.resolve_token(huggingface_hub, token)
     from keras_mha import __version__
     from keras_mha.hub import cache as hub_cache
     from keras_mha.hub.fetch import fetch
@@ -469,7 +346,7 @@ def _load_from_hub(
         answer = fetch(
             url, headers=headers, timeout=timeout, described_as=described_as, secrets=secrets
         )
-        unreachable = _error_for_status(answer, repo_id, revision, token_name, token_to_send)
+        unreachable = error_for_status(answer, repo_id, revision, token_name, token_to_send)
     except HubUnreachableError as reason:
         unreachable = f"the Hub could not be reached ({one_line(str(reason), secrets)})"
     if isinstance(unreachable, str):
@@ -510,83 +387,6 @@ def _load_cached(repo_id: str, revision: str, path: Path, *, note: str | None) -
     return LoadedConfig(config, "hub", repo_id, path, revision, note, commit)
 
 
-def _error_for_status(answer, repo_id, revision, token_name, token) -> None | str:
-    """None for a 2xx answer; a reason string when the Hub is down (5xx, 408, 429: the
-    caller answers from the cache or a bundled card); else raises the CardError the
-    Hub's status and `X-Error-Code` mean (as `huggingface_hub.hf_raise_for_status`)."""
-    status = answer.status
-    if 200 <= status < 300:
-        return None
-    shown_revision = revision or "main"
-    error_code = answer.headers.get("x-error-code")
-    server_message = one_line(answer.headers.get("x-error-message", ""), (token,))[:200]
-    token_hint = (
-        f"check that the token ({token_name}) has access"
-        if token
-        else "log in with `hf auth login`, set HF_TOKEN or pass --token"
-    )
-    bundled_hint = ""
-    if bundled.bundled_config_path(repo_id) is not None:
-        bundled_hint = f" (a bundled snapshot is available: bundled:{repo_id})"
-    about = dict(model_id=repo_id, revision=shown_revision)
-    if (
-        status == 401
-        and token
-        and (
-            error_code not in ("GatedRepo", "RepoNotFound")
-            or server_message == _INVALID_CREDENTIALS
-        )
-    ):
-        raise InvalidTokenError(
-            f"{repo_id}: the Hub rejected the token ({token_name}) with HTTP 401"
-            f"{': ' + server_message if server_message else ''}; it may be revoked or mistyped: "
-            "create a new one at https://huggingface.co/settings/tokens",
-            **about,
-        )
-    if error_code == "GatedRepo":
-        raise GatedRepositoryError(
-            f"{repo_id}: gated repository, access needs a token from an account that accepted "
-            f"its conditions on the Hub; {token_hint}{bundled_hint}",
-            **about,
-        )
-    if error_code == "RevisionNotFound":
-        raise RevisionNotFoundError(
-            f"{repo_id}: revision {shown_revision!r} not found; pass an existing branch, tag or "
-            "commit hash with --revision",
-            **about,
-        )
-    if error_code == "EntryNotFound":
-        raise ConfigFileNotFoundError(
-            f"{repo_id}@{shown_revision}: the repository has no {CONFIG_FILENAME}; "
-            "it may hold a non-transformers model (GGUF, adapters, ...) - point at a repo "
-            "or local directory that has one",
-            **about,
-        )
-    if error_code == "RepoNotFound" or status == 401:
-        raise RepositoryNotFoundError(
-            f"{repo_id}: repository not found on the Hub (if it is private, {token_hint}); "
-            f"check the model id{bundled_hint}{_did_you_mean(repo_id)}",
-            **about,
-        )
-    if status == 403:
-        raise GatedRepositoryError(
-            f"{repo_id}: the Hub refused access (HTTP 403); {token_hint}{bundled_hint}", **about
-        )
-    if status >= 500 or status in (408, 429):
-        return f"the Hub answered HTTP {status}"
-    if status == 404:
-        raise RepositoryNotFoundError(
-            f"{repo_id}@{shown_revision}: the endpoint answered HTTP 404 for {CONFIG_FILENAME}"
-            f"{': ' + server_message if server_message else ''}{_did_you_mean(repo_id)}",
-            **about,
-        )
-    raise CardError(
-        f"{repo_id}@{shown_revision}: the Hub answered HTTP {status} for {CONFIG_FILENAME}"
-        f"{': ' + server_message if server_message else ''}",
-        **about,
-    )
-
-
 def _fall_back_to_bundled(repo_id: str, revision: str | None, *, reason: str) -> LoadedConfig:
     """Answer from the bundled card when the Hub cannot, or raise HubUnreachableError."""
     loaded = _load_bundled(repo_id, note=None)
@@ -594,7 +394,7 @@ def _fall_back_to_bundled(repo_id: str, revision: str | None, *, reason: str) ->
         raise HubUnreachableError(
             f"{repo_id}: {reason}, and keras-mha bundles no card for it; connect to the Hub "
             "(or set HF_ENDPOINT to a mirror) and retry, or pass a local directory holding "
-            f"config.json{_did_you_mean(repo_id)}",
+            f"config.json{bundled.did_you_mean(repo_id)}",
             model_id=repo_id,
             revision=revision,
         )
@@ -616,10 +416,9 @@ def _fall_back_to_bundled(repo_id: str, revision: str | None, *, reason: str) ->
 
 __all__ = [
     "CONFIG_FILENAME",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "MAX_TIMEOUT_SECONDS",
     "LoadedConfig",
-    "TIMEOUT_VARIABLES",
-    "check_hub_environment",
-    "environment_timeout",
     "load_config",
     "read_config_file",
 ]

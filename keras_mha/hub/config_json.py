@@ -32,6 +32,8 @@ from pathlib import Path
 from keras_mha.errors import ConfigFileNotFoundError, MalformedConfigError, PathError
 from keras_mha.safe_text import one_line
 
+#: The name of a model's config file in a Hub repository or a checkpoint folder.
+CONFIG_FILENAME = "config.json"
 MAX_CONFIG_BYTES = 10 * 1000 * 1000
 MAX_JSON_DEPTH = 100
 # How long a pipe may stay silent before it is given up on.
@@ -210,6 +212,7 @@ def _path_error(error: OSError, where: str) -> Exception:
 
 
 __all__ = [
+    "CONFIG_FILENAME",
     "MAX_CONFIG_BYTES",
     "MAX_JSON_DEPTH",
     "json_depth",

@@ -3,11 +3,11 @@
 `huggingface_hub.hf_hub_download` names the cached blob after the server's `ETag` and
 the ref file after the revision, so a hostile endpoint could make it write outside the
 cache. `hub_file` downloads through the same hardened path as `config.json`
-(`keras_mha.hub.config`):
+(`keras_mha.hub.config`), with the same settings (`settings`) and answers (`responses`):
 
 - the revision, token, endpoint and file name are checked before any request
-  (`hub_inputs`, `hub_cache.check_filename`);
-- one GET through huggingface_hub's HTTP session (`hub_fetch.fetch`: checked redirects,
+  (`inputs`, `cache.check_filename`);
+- one GET through huggingface_hub's HTTP session (`fetch.fetch`: checked redirects,
   the `Authorization` header only for the endpoint's origin, a deadline);
 - the `X-Repo-Commit` (40 hex) and `ETag` (40 or 64 hex) are checked from the headers,
   before a byte of the body is written;
@@ -37,12 +37,14 @@ from pathlib import Path
 
 from keras_mha.errors import HubResponseError, HubUnreachableError
 from keras_mha.hub import cache as hub_cache
+from keras_mha.hub import settings
 from keras_mha.hub.inputs import (
     COMMIT_HASH,
     validate_endpoint,
     validate_revision,
     validate_token,
 )
+from keras_mha.hub.responses import error_for_status
 from keras_mha.safe_text import one_line
 
 #: The slowest average rate a streamed download may have before it counts as stalled:
@@ -101,9 +103,7 @@ def hub_file(
         RepositoryNotFoundError, GatedRepositoryError, ...: as `load_config`.
         PathError: the cache cannot be written.
     """
-    from keras_mha.hub import config as hub
-
-    hub.check_hub_environment()
+    settings.check_hub_environment()
     import huggingface_hub
     from huggingface_hub import constants
 
@@ -116,7 +116,7 @@ def hub_file(
         raise HubResponseError(f"{repo_id}: refused to download {error}") from None
     described_as = f"{repo_id}@{requested_revision} ({filename})"
     cache_dir = os.fspath(cache_dir if cache_dir is not None else constants.HF_HUB_CACHE)
-    offline = hub._offline_requested() if offline is None else offline
+    offline = settings.offline_requested() if offline is None else offline
     cached = huggingface_hub.try_to_load_from_cache(
         repo_id, filename, cache_dir=cache_dir, revision=requested_revision
     )
@@ -128,8 +128,10 @@ def hub_file(
         endpoint if endpoint is not None else constants.ENDPOINT,
         argument="--endpoint" if endpoint is not None else "HF_ENDPOINT",
     )
-    timeout = hub._deadline_seconds(hub.DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout)
-    token_to_send, token_name = hub._resolve_token(huggingface_hub, token)
+    timeout = settings.deadline_seconds(
+        settings.DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout
+    )
+    token_to_send, token_name = settings.resolve_token(huggingface_hub, token)
     secrets = (token_to_send,) if token_to_send else ()
     try:
         return _download(
@@ -177,7 +179,6 @@ def _download(
     import huggingface_hub
 
     from keras_mha import __version__
-    from keras_mha.hub import config as hub
     from keras_mha.hub.fetch import fetch
 
     token_to_send, token_name = token
@@ -240,7 +241,7 @@ def _download(
         if answer.status == 404 and answer.headers.get("x-error-code") in (None, "EntryNotFound"):
             return None  # the repository has no such file
         if not 200 <= answer.status < 300:
-            problem = hub._error_for_status(answer, repo_id, revision, token_name, token_to_send)
+            problem = error_for_status(answer, repo_id, revision, token_name, token_to_send)
             raise HubUnreachableError(problem)
         sink = checked["sink"]
         if sink.digest is not None and sink.digest.hexdigest() != checked["etag"]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keras_mha.errors import KerasMHAError
+from keras_mha.hub import settings
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -133,13 +134,12 @@ def _single_file_on_hub(repo_id, *, revision, token, endpoint, offline, timeout=
     from huggingface_hub import constants
 
     from keras_mha import __version__
-    from keras_mha.hub import config as hub
     from keras_mha.hub.fetch import fetch
     from keras_mha.hub.inputs import validate_endpoint
 
     del offline
     endpoint = validate_endpoint(endpoint if endpoint is not None else constants.ENDPOINT)
-    token_to_send, _ = hub._resolve_token(huggingface_hub, token)
+    token_to_send, _ = settings.resolve_token(huggingface_hub, token)
     url = huggingface_hub.hf_hub_url(
         repo_id, SINGLE_FILE, revision=revision or "main", endpoint=endpoint
     )
@@ -150,7 +150,7 @@ def _single_file_on_hub(repo_id, *, revision, token, endpoint, offline, timeout=
     answer = fetch(
         url,
         headers=headers,
-        timeout=hub._deadline_seconds(timeout),
+        timeout=settings.deadline_seconds(timeout),
         described_as=f"{repo_id} ({SINGLE_FILE})",
         secrets=(token_to_send,) if token_to_send else (),
         max_bytes=64,

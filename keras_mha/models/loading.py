@@ -23,13 +23,13 @@ import json
 import warnings
 from pathlib import Path
 
-from keras_mha.cards.checkpoint_weights import (
+from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
+from keras_mha.models.families import activation_name, traits_for
+from keras_mha.models.safetensors_reader import (
     INDEX_FILE_NAME,
     SINGLE_FILE_NAME,
     SafetensorsCheckpoint,
 )
-from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
-from keras_mha.models.families import activation_name, traits_for
 from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -167,13 +167,14 @@ def _hub_checkpoint(source: str, revision, token, hub=None) -> tuple[dict, Path]
     """(config, folder of the safetensors files) of a Hub id, through the HF cache.
 
     `hub` holds `endpoint`, `offline` and `timeout` for `load_config` / `hub_file`."""
-    from keras_mha.hub.config import _offline_requested, load_config
+    from keras_mha.hub.config import load_config
+    from keras_mha.hub.settings import offline_requested
 
     hub = dict(hub or {})
     loaded = load_config(source, revision=revision, token=token, **hub)
     if loaded.source != "hub":
         offline = hub.get("offline")
-        if offline or (offline is None and _offline_requested()):
+        if offline or (offline is None and offline_requested()):
             why = "offline mode is on (--offline, HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)"
         else:
             reason = (loaded.note or "the Hub could not be reached").split("; answered from")[0]

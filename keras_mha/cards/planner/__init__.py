@@ -13,7 +13,7 @@ Pure Python.
 - `gpus.py` and `devices.py`: the accelerator table, and `2xH100`-style device sets.
 - `units.py`: lengths (`8k`), dtypes (`bf16`) and memory sizes (`80GB`) as typed.
 
-Formulas and how they were checked: docs/concepts/cost-model.md.
+Formulas and how they were checked: docs/concepts/memory-planner.md.
 
 Example:
     >>> from keras_mha.cards.planner.devices import parse_devices

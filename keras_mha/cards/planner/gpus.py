@@ -8,7 +8,7 @@ elsewhere the datasheet's size ("nominal"). `bandwidth_bytes_per_s` is the datas
 memory bandwidth; `dense_16bit_flops` and `dense_fp8_flops` the dense (no 2:4 sparsity)
 tensor-core peaks in bfloat16 (float16 on cards without bfloat16: T4, V100) and float8
 (None where the device has no float8 units). Where a datasheet quotes only sparse figures
-they are halved. `spec_source` names the datasheet; docs/concepts/cost-model.md lists them.
+they are halved. `spec_source` names the datasheet; docs/concepts/memory-planner.md lists them.
 
 Names are matched case-insensitively, ignoring spaces, dashes, underscores and a leading
 "nvidia"/"amd"/"geforce"/"tesla"/"instinct"/"google"/"cloud", so `H100`, `h100-80gb`,

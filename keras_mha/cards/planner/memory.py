@@ -1,80 +1,19 @@
 """Will it fit? Weights, serving and training memory of a `ModelSpec`, and the largest
 context and batch a memory size holds. Pure Python: no keras, backend or numpy import.
 
+- `format_weights(spec, weights_format)`: every weight tensor in a checkpoint format
+  (a plain dtype, the generic int8 / int4 / float8, or the checkpoint's own GPTQ, AWQ,
+  bitsandbytes, fp8 or compressed-tensors), with its scales and zero points;
+  `weights_bytes(counts, dtype)` the estimate from the part counts alone.
+- `serving_memory(spec, ...)`: weights + KV cache + recurrent state + the workspace of
+  one prefill chunk.
+- `training_memory(spec, ...)`: weights + gradients + optimizer state + activations,
+  with and without activation checkpointing.
+- `plan_fit(spec, memory_bytes, ...)`: the largest context and batch that fit, per KV
+  dtype, and whether training fits.
+
 Every figure is in bytes and follows one written formula; `plan_fit` inverts the same
-formulas by search. `B` is the batch, `s` the sequence length, `h` the hidden size, `a`
-the query heads, `k` the KV heads, `d`/`dv` the key/value head sizes, `i` the MLP width,
-`V` the vocabulary, `P` parameters, `c` the compute dtype's bytes (2 for bfloat16).
-
-**Weights** (`format_weights`): every weight tensor (`inventory.weight_groups`) in a
-`WeightsFormat` (`quantization`): a plain dtype stores every parameter at its width; the
-generic int8 / int4 (a float16 scale per 128 inputs of each output row) and float8 (a
-float32 scale per 128x128 block) quantize the matrices of the blocks (attention, MLP,
-experts, Mamba, vision) and leave embeddings, norms, biases, routers and the LM head in
-bfloat16; a checkpoint's own format (GPTQ, AWQ, bitsandbytes, fp8, compressed-tensors)
-counts its scales, zero points and indices as it writes them. `weights_bytes(counts,
-dtype)` is the older estimate from the part counts alone (scales per 128 weights of each
-part), kept for callers that have no spec.
-
-**Serving** (`serving_memory`) = weights (`weights_dtype`) + KV cache (`kv_cache_cost`,
-the same figure `inspect` prints) + recurrent state (Mamba layers: `B * inner * (d_state +
-d_conv) * c` each) + a workspace for one prefill chunk of `T = min(B * s, prefill_chunk)`
-tokens (encoder-only models: `T = B * s`, they cannot chunk):
-`c * T * (2h + max(attention, mlp, mamba))` + logits. The attention term is the
-projections alive at once, `a*d + k*(d + dv) + a*dv` (flash attention: no `s x s`
-scores); the MLP term is `3i` for a gated MLP (gate, up and their product), `2i` for a
-plain one, `top_k * 3 * moe_i` (+ `3 * shared_i`) for MoE; the Mamba term
-`5 * inner + dt_rank + 2 * d_state`. Logits are float32: `4 * B * V` (the last position
-of each sequence) for decoders, `4 * T * V` for a masked-LM head, none otherwise.
-
-**Training** (`training_memory`) = weights + gradients + optimizer state + activations.
-
-| precision | weights | master copy | gradients | activations |
-|---|---|---|---|---|
-| `float32` | 4P | - | 4P | float32 |
-| `mixed` (default) | 2P (16-bit) | 4P (float32) | 2P | 16-bit |
-| `bfloat16` (no master weights) | 2P | - | 2P | 16-bit |
-
-`mixed` is the usual accounting of mixed precision with float32 master weights
-(Megatron-LM, DeepSpeed ZeRO); Keras's `mixed_bfloat16` policy keeps float32 variables and
-float32 gradients instead, the same 8 bytes per parameter. Optimizer state is float32:
-Adam and AdamW two moments (8P), SGD with momentum one (4P), plain SGD none, plus 12
-bytes for Keras's step counter (int64 on TensorFlow, int32 on JAX and PyTorch) and learning
-rate (float32).
-
-Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models" (arXiv:2205.05198, section 4.1): a GPT layer without tensor
-parallelism stores `s*B*h*(34 + 5*a*s/h)` bytes in 16-bit, that is (in elements) the
-LayerNorm inputs (2h), the QKV input (h), Q and K (2h), V (h), the output projection's
-input (h), the MLP input (h) and its 4h-wide pre- and post-activation (8h), plus dropout
-masks (2h bytes) and the `s x s` softmax terms (`5*a*s/h`). Adapted here, per token and
-layer, in the compute dtype:
-
-- no dropout masks (today's LLMs train without dropout);
-- flash attention: no `s x s` scores or softmax; it keeps the float32 log-sum-exp,
-  `4a` bytes;
-- GQA/MQA and separate head sizes: Q is `a*d`, K and V `k*(d + dv)`, the attention
-  output `a*dv`; MLA stores its low-rank inputs and expanded heads;
-- the MLP as configured: gated `3i` (gate, up, product), plain `2i`, MoE `top_k * 3 *
-  moe_i` (+ shared experts) and float32 router logits (`4E` bytes);
-- every norm's input as configured (`norms_per_layer * h`);
-- Mamba layers: their input and the inputs of each projection (`5 * inner + dt_rank +
-  2 * d_state`), the scan itself recomputed as the fused kernel does;
-- encoder-decoders: encoder layers alike, decoder layers add cross-attention (its Q,
-  output and the K/V over the encoder's `s` tokens);
-- the end of the model: the final norm's and the LM head's inputs (`2h`) and float32
-  logits (`4V` bytes per token). A vision tower's activations are not counted.
-
-With full activation checkpointing (`activation_bytes_checkpointed`) each layer keeps only
-its input (`c*h` per token) and one layer at a time is recomputed: the sum of the inputs
-plus the largest layer's activations, plus the end of the model.
-
-**Fits** (`plan_fit`): for a memory size, the largest `s` at the requested batch and the
-largest `B` at the requested `s` whose serving memory fits, per KV dtype, and whether
-training fits. Both are found by binary search over the same (monotone) formulas. When the
-memory never runs out along `s` (every layer on a sliding window), `max_seq_len` is None
-("unbounded by memory"); the model's own context length is reported beside it and not
-used as a cap.
+formulas by search. The formulas and their sources: docs/concepts/memory-planner.md.
 
 Example:
     >>> from keras_mha.hub.config import load_config

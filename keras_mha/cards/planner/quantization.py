@@ -7,7 +7,7 @@ top level or in `text_config`) and returns the `WeightsFormat` the plan uses by 
 matrices it quantizes (by `WeightGroup.role`), the bytes of one quantized matrix of
 `(in_features, out_features)` (weights, scales, zero points and indices, as the format
 writes them into its safetensors), and the dtype of everything it leaves alone (embeddings,
-norms, biases, the LM head, routers). docs/concepts/cost-model.md gives every rule with its
+norms, biases, the LM head, routers). docs/concepts/memory-planner.md gives every rule with its
 source and the real checkpoint sizes it was checked against.
 
 Formats counted (`quant_method`): `fp8` (transformers' FineGrainedFP8, DeepSeek-V3's

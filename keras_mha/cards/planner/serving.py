@@ -6,7 +6,7 @@ per-layer layout, the widest transient) and then answers `(batch, seq_len) -> by
 enough for the fit search; `serving_memory` is the same figure with its parts. With
 several devices every figure is that of the fullest device (the largest pipeline stage).
 The formulas are in `keras_mha.cards.planner.memory`'s docstring and
-docs/concepts/cost-model.md; the placement rules in `keras_mha.cards.planner.placement`.
+docs/concepts/memory-planner.md; the placement rules in `keras_mha.cards.planner.placement`.
 Pure Python.
 
 Example:
@@ -377,7 +377,7 @@ def serving_model(
 
 def serving_memory(spec: ModelSpec, *, batch: int, seq_len: int, **options) -> ServingMemory:
     """Memory to serve `batch` sequences of `seq_len` tokens on one device (the fullest,
-    with several); `options` as `serving_model` (formulas: docs/concepts/cost-model.md).
+    with several); `options` as `serving_model` (formulas: docs/concepts/memory-planner.md).
 
     Example:
         >>> from keras_mha.hub.config import load_config

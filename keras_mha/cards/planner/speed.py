@@ -24,7 +24,7 @@ device's dense float8 peak for formats that compute in float8 (fp8 weights and
 activations) on devices that have one, else its dense 16-bit peak.
 
 These are bounds: real engines reach a fraction of them (kernel efficiency, communication
-between devices, scheduling). docs/concepts/cost-model.md has the formulas and the
+between devices, scheduling). docs/concepts/memory-planner.md has the formulas and the
 measured check on this machine's CPU. Pure Python.
 
 Example:

@@ -26,6 +26,7 @@ from keras_mha.cards.planner.inventory import weight_groups
 from keras_mha.cards.planner.placement import Placement, tensor_parallel_problem
 from keras_mha.cards.planner.quantization import WeightsFormat, checkpoint_format, dtype_format
 from keras_mha.cards.planner.serving import ServingModel
+from keras_mha.cards.rendering.formatting import format_bytes
 from keras_mha.cards.rendering.text import (
     UNLIMITED,
     aligned,
@@ -256,15 +257,9 @@ def fits_warnings(report: dict) -> list[str]:
 # -- the verdict ----------------------------------------------------------------------------------
 
 
-def _bytes(size) -> str:
-    from keras_mha.cards.rendering.report import format_bytes
-
-    return format_bytes(size)
-
-
 def _where(fits: dict) -> str:
     devices = fits.get("devices") or {}
-    name = devices.get("name") or fits.get("gpu") or _bytes(fits["memory_bytes"])
+    name = devices.get("name") or fits.get("gpu") or format_bytes(fits["memory_bytes"])
     tensor, pipeline = devices.get("tensor_parallel", 1), devices.get("pipeline_parallel", 1)
     if pipeline > 1:
         return f"{name} (tensor parallel {tensor} x {pipeline} pipeline stages)"
@@ -292,7 +287,7 @@ def suggestion_text(suggestion: dict, fits: dict) -> str:
     """
     if suggestion["weights_dtype"] != fits["weights_dtype"]:
         return f"in {suggestion['weights_dtype']}"
-    name = (fits.get("gpu") or _bytes(fits.get("device_memory_bytes", 0))).strip()
+    name = (fits.get("gpu") or format_bytes(fits.get("device_memory_bytes", 0))).strip()
     text = f"on {suggestion['devices']}x {name}"
     if suggestion["pipeline_parallel"] > 1:
         text += f" ({suggestion['pipeline_parallel']} pipeline stages)"
@@ -318,14 +313,15 @@ def verdict(fits: dict) -> str:
         return f"serving fits: yes, {length} at batch {fits['batch']:,} on {_where(fits)} {what}"
     if not fits["weights_fit"]:
         text = (
-            f"serving does not fit: the weights need {_bytes(fits['weights_bytes'])} per "
-            f"device, {_bytes(fits['memory_bytes'])} is usable"
+            f"serving does not fit: the weights need {format_bytes(fits['weights_bytes'])} per "
+            f"device, {format_bytes(fits['memory_bytes'])} is usable"
         )
     else:
         text = (
             f"serving does not fit at batch {fits['batch']:,} x {fits['seq_len']:,} tokens: it "
-            f"needs {_bytes(fits['serving_bytes'])} per device, {_bytes(fits['memory_bytes'])} "
-            f"is usable; up to {_length(fits['max_seq_len'], fits)} tokens fit at batch "
+            f"needs {format_bytes(fits['serving_bytes'])} per device, "
+            f"{format_bytes(fits['memory_bytes'])} is usable; up to "
+            f"{_length(fits['max_seq_len'], fits)} tokens fit at batch "
             f"{fits['batch']:,}"
         )
     found = fits.get("suggestions", [])
@@ -355,9 +351,10 @@ def _training_verdict(fits: dict) -> str:
     per = " per device" if devices > 1 else ""
     how = f"fully sharded over {devices} devices, " if devices > 1 else ""
     return (
-        f"{how}{verdict_word(fits['training_fits'])} ({_bytes(fits['training_bytes'])}{per}); "
+        f"{how}{verdict_word(fits['training_fits'])} "
+        f"({format_bytes(fits['training_bytes'])}{per}); "
         f"with activation checkpointing {verdict_word(fits['training_fits_checkpointed'])} "
-        f"({_bytes(fits['training_bytes_checkpointed'])}{per})"
+        f"({format_bytes(fits['training_bytes_checkpointed'])}{per})"
     )
 
 
@@ -383,8 +380,8 @@ def _budget_line(fits: dict) -> str:
     device = fits.get("device_memory_bytes", fits["memory_bytes"])
     source = f", {fits['gpu_memory_source']}" if fits.get("gpu_memory_source") else ""
     return (
-        f"per device: {_bytes(fits['memory_bytes'])} usable = {share:.0%} of "
-        f"{_bytes(device)}{source}"
+        f"per device: {format_bytes(fits['memory_bytes'])} usable = {share:.0%} of "
+        f"{format_bytes(device)}{source}"
     )
 
 
@@ -417,10 +414,17 @@ def _weights_rows(entry: dict, width: int) -> list[tuple[str, ...]]:
         parts = [(part, heading) for part, heading in parts if part in ("attention", "mlp")]
     rows = [("weights", "total", *(heading for _, heading in parts))]
     for dtype, total in entry["weights_bytes"].items():
-        rows.append((dtype, _bytes(total), *(_bytes(by_part[dtype][part]) for part, _ in parts)))
+        sizes = by_part[dtype]
+        rows.append((dtype, format_bytes(total), *(format_bytes(sizes[part]) for part, _ in parts)))
     if checkpoint["id"] not in entry["weights_bytes"]:
-        rows.append((checkpoint["id"], _bytes(checkpoint["bytes"]),
-                     *(_bytes(checkpoint["by_part"][part]) for part, _ in parts)))  # fmt: skip
+        sizes = checkpoint["by_part"]
+        rows.append(
+            (
+                checkpoint["id"],
+                format_bytes(checkpoint["bytes"]),
+                *(format_bytes(sizes[part]) for part, _ in parts),
+            )
+        )
     return rows
 
 
@@ -428,29 +432,29 @@ def _summary_lines(report: dict, width: int) -> list[str]:
     entry = report["memory"]
     serving, training = entry["serving"], entry["training"]
     serving_parts = (
-        f"weights {_bytes(serving['weights_bytes'])} + KV cache "
-        f"{_bytes(serving['kv_cache_bytes'])}"
+        f"weights {format_bytes(serving['weights_bytes'])} + KV cache "
+        f"{format_bytes(serving['kv_cache_bytes'])}"
         + (
-            f" + recurrent state {_bytes(serving['recurrent_state_bytes'])}"
+            f" + recurrent state {format_bytes(serving['recurrent_state_bytes'])}"
             if serving["recurrent_state_bytes"]
             else ""
         )
-        + f" + prefill workspace {_bytes(serving['activation_bytes'])}"
+        + f" + prefill workspace {format_bytes(serving['activation_bytes'])}"
     )
-    training_parts = f"weights {_bytes(training['weights_bytes'])}" + (
-        f" + float32 master weights {_bytes(training['master_weights_bytes'])}"
+    training_parts = f"weights {format_bytes(training['weights_bytes'])}" + (
+        f" + float32 master weights {format_bytes(training['master_weights_bytes'])}"
         if training["master_weights_bytes"]
         else ""
     ) + (
-        f" + gradients {_bytes(training['gradient_bytes'])} + optimizer "
-        f"{_bytes(training['optimizer_bytes'])} + activations "
-        f"{_bytes(training['activation_bytes'])}"
+        f" + gradients {format_bytes(training['gradient_bytes'])} + optimizer "
+        f"{format_bytes(training['optimizer_bytes'])} + activations "
+        f"{format_bytes(training['activation_bytes'])}"
     )  # fmt: skip
     rows = (
         (f"serving ({serving['weights_dtype']} weights, {serving['kv_dtype']} KV)",
-         _bytes(serving["total_bytes"]), serving_parts),
+         format_bytes(serving["total_bytes"]), serving_parts),
         (f"training ({training['optimizer']}, {training['precision']})",
-         _bytes(training["total_bytes"]), training_parts),
+         format_bytes(training["total_bytes"]), training_parts),
     )  # fmt: skip
     label_width = max(len(label) for label, _, _ in rows)
     lines = []
@@ -461,8 +465,8 @@ def _summary_lines(report: dict, width: int) -> list[str]:
             lines.append(f"  {label:<{label_width}}  {total}")
             lines += wrap(f"= {parts}", width, "      ", "        ")
     checkpointed = (
-        f"{_bytes(training['total_bytes_checkpointed'])} (activations "
-        f"{_bytes(training['activation_bytes_checkpointed'])})"
+        f"{format_bytes(training['total_bytes_checkpointed'])} (activations "
+        f"{format_bytes(training['activation_bytes_checkpointed'])})"
     )
     lines += wrap(checkpointed, width, f"  {'  with checkpointing':<{label_width}}  ", " " * 8)
     return lines
@@ -474,13 +478,13 @@ def format_lines(report: dict, width: int) -> list[str]:
     origin = "the checkpoint's format" if checkpoint["from_checkpoint"] else "--weights-dtype"
     text = (
         f"weights as {checkpoint['id']} ({origin}): {checkpoint['label']}; "
-        f"{_bytes(checkpoint['bytes'])}"
+        f"{format_bytes(checkpoint['bytes'])}"
     )
     files = report["memory"].get("checkpoint_bytes")
     if files:
         share = files["bytes"] / checkpoint["bytes"] if checkpoint["bytes"] else 0
         text += (
-            f"; the checkpoint's files hold {_bytes(files['bytes'])} of tensors "
+            f"; the checkpoint's files hold {format_bytes(files['bytes'])} of tensors "
             f"({files['source']}; {share:.1%} of the computed figure)"
         )
     return wrap(text, width, "  ", "    ")
@@ -539,7 +543,7 @@ def fits_table_lines(report: dict, width: int = 80) -> list[str]:
     for dtype, values in fits["by_kv_dtype"].items():
         marker = " *" if dtype == fits["kv_dtype"] else ""
         max_seq_len, max_batch = values["max_seq_len"], values["max_batch"]
-        serving = _bytes(values["serving_bytes"])
+        serving = format_bytes(values["serving_bytes"])
         rows.append((f"{dtype}{marker}", serving, _length(max_seq_len, fits), _count(max_batch)))
     lines += aligned(rows, (False, True, True, True))
     lines += wrap(
@@ -574,7 +578,7 @@ def speed_table_lines(bounds: dict, width: int = 80) -> list[str]:
         f"decode: at most {format_rate(bounds['decode_tokens_per_s'])} at batch "
         f"{bounds['batch']:,} ({format_rate(bounds['decode_tokens_per_s_per_sequence'])} per "
         f"sequence) with {bounds['seq_len']:,} tokens of context; limited by "
-        f"{bounds['decode_limited_by']}: {_bytes(bounds['decode_bytes_per_step'])} read per "
+        f"{bounds['decode_limited_by']}: {format_bytes(bounds['decode_bytes_per_step'])} read per "
         f"step per device at {format_bandwidth(bounds['bandwidth_bytes_per_s'])}"
     )
     prefill = (
@@ -643,7 +647,7 @@ def fits_markdown_lines(report: dict) -> list[str]:
     for dtype, values in fits["by_kv_dtype"].items():
         cell = f"**{dtype}** (requested)" if dtype == fits["kv_dtype"] else dtype
         lines.append(
-            f"| {cell} | {_bytes(values['serving_bytes'])} | "
+            f"| {cell} | {format_bytes(values['serving_bytes'])} | "
             f"{_length(values['max_seq_len'], fits)} | {_count(values['max_batch'])} |"
         )
     lines += ["", f"Training: {_training_verdict(fits)}."]

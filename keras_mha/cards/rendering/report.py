@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
 from keras_mha.cards.rendering import memory_report
+from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
 from keras_mha.cards.rendering.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
 from keras_mha.hub import bundled
 from keras_mha.safe_text import visible
@@ -235,39 +236,6 @@ def _beyond_context_warnings(seq_lens, context: int | None) -> list[str]:
         for seq_len in dict.fromkeys(seq_lens)
         if seq_len > context
     ]
-
-
-# -- human units -------------------------------------------------------------------------------
-
-
-def format_count(count: int | None) -> str:
-    """A parameter count in decimal units: 8030261248 -> '8.03 B'.
-
-    Example:
-        >>> format_count(8030261248), format_count(124439808), format_count(512)
-        ('8.03 B', '124.44 M', '512')
-    """
-    if count is None:
-        return "-"
-    for threshold, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
-        if abs(count) >= threshold:
-            return f"{count / threshold:.2f} {unit}"
-    return str(count)
-
-
-def format_bytes(size: int | float | None) -> str:
-    """A byte count in binary units: 1073741824 -> '1.00 GiB'.
-
-    Example:
-        >>> format_bytes(131072), format_bytes(1073741824), format_bytes(100)
-        ('128.00 KiB', '1.00 GiB', '100 B')
-    """
-    if size is None:
-        return "-"
-    for exponent, unit in ((5, "PiB"), (4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
-        if abs(size) >= 1024**exponent:
-            return f"{size / 1024**exponent:.2f} {unit}"
-    return f"{size:g} B"
 
 
 def _saving(entry: dict) -> str:
@@ -547,8 +515,8 @@ def render_markdown(report: dict) -> str:
             ", ".join(f"{count} {kind}" for kind, count in attention["layer_kinds"].items()),
         ),
         ("sliding window", _sliding_text(attention)),
-        ("context length", _thousands(report.get("context_length"))),
-        ("vocabulary", _thousands(report.get("vocab_size"))),
+        ("context length", format_thousands(report.get("context_length"))),
+        ("vocabulary", format_thousands(report.get("vocab_size"))),
     ]
     lines += [f"| {name} | {value} |" for name, value in attention_rows]
 
@@ -614,10 +582,6 @@ def render_markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(wrap_markdown(lines))
-
-
-def _thousands(value) -> str:
-    return f"{value:,}" if isinstance(value, int) else "-"
 
 
 __all__ = [
