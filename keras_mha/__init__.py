@@ -12,8 +12,7 @@ Example:
 """
 
 from keras_mha import moved_paths
-
-__version__ = "0.2.0"
+from keras_mha.version import __version__
 
 # The module paths that moved in 0.3 keep importing, with a DeprecationWarning.
 moved_paths.install()

@@ -59,6 +59,7 @@ from keras_mha.errors import (
     UsageError,
 )
 from keras_mha.safe_text import one_line, redact_secrets
+from keras_mha.version import __version__
 
 #: The subcommands, in `--help` order: each module's `add_parser(subcommands)` registers it.
 COMMANDS = (inspect, cards, compare, gpus, prune, heads, bench)
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the traceback of an unexpected error (accepted anywhere on the line)",
     )
-    parser.add_argument("--version", action="version", version=f"{PROGRAM} {_version()}")
+    parser.add_argument("--version", action="version", version=f"{PROGRAM} {__version__}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(subcommands)
@@ -248,12 +249,6 @@ def _debug_traceback(debug: bool, secrets) -> None:
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):
         pass
-
-
-def _version() -> str:
-    from keras_mha import __version__
-
-    return __version__
 
 
 def __getattr__(name):

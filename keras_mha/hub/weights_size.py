@@ -22,6 +22,7 @@ from pathlib import Path
 
 from keras_mha.errors import KerasMHAError
 from keras_mha.hub import settings
+from keras_mha.version import __version__
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -133,7 +134,6 @@ def _single_file_on_hub(repo_id, *, revision, token, endpoint, offline, timeout=
     import huggingface_hub
     from huggingface_hub import constants
 
-    from keras_mha import __version__
     from keras_mha.hub.fetch import fetch
     from keras_mha.hub.inputs import validate_endpoint
 

@@ -169,7 +169,7 @@ def test_seq_len_beyond_the_context_length_warns(capsys):
 
 
 def test_version(capsys):
-    from keras_mha import __version__
+    from keras_mha.version import __version__
 
     exit_code, out, _ = run_cli(capsys, "--version")
     assert exit_code == 0 and out.strip() == f"keras-mha {__version__}"
