@@ -26,16 +26,14 @@ from keras_mha.cards.planner.inventory import weight_groups
 from keras_mha.cards.planner.placement import Placement, tensor_parallel_problem
 from keras_mha.cards.planner.quantization import WeightsFormat, checkpoint_format, dtype_format
 from keras_mha.cards.planner.serving import ServingModel
-from keras_mha.cards.rendering.formatting import format_bytes
-from keras_mha.cards.rendering.text import (
-    UNLIMITED,
-    aligned,
+from keras_mha.cards.rendering.formatting import (
     format_bandwidth,
+    format_bytes,
     format_flops,
     format_rate,
     format_seconds,
-    wrap,
 )
+from keras_mha.cards.rendering.text import UNLIMITED, aligned, wrap
 
 
 @dataclass(frozen=True)
