@@ -1,20 +1,10 @@
-"""Where the weights and the KV cache live when several devices serve one model: tensor
-parallel (every layer split across the devices of a stage) and pipeline parallel (the
-layers split into consecutive stages), the way vLLM places them.
-
-- Tensor parallel (`tensor_parallel = t`): each weight is split by its `WeightGroup.split`
-  rule (`keras_mha.cards.planner.inventory`); quantized matrices are counted on their
-  shard's shape, so scales and zero points split with them. The KV cache is split by KV
-  heads, each device holding `max(1, ceil(kv_heads / t))` of them (replicated when there
-  are fewer KV heads than devices); MLA's latent cache has no heads and is replicated on
-  every device, as in vLLM.
-- Pipeline parallel (`pipeline_parallel = p`): the decoder layers are split into `p`
-  consecutive stages as vLLM's `get_pp_indices` does (`L // p` each, the remainder one
-  more each to the stages before the last, from the back); the first stage also holds the
-  embeddings (and a vision tower), the last the final norm and the LM head. The plan's
-  per-device figure is the largest stage's.
-
-Pure Python.
+"""Where the weights and the KV cache live when several devices serve one model, the way
+vLLM places them: tensor parallel (each weight split by its `WeightGroup.split` rule,
+the KV cache by KV heads, replicated below one head per device; MLA's latent cache whole
+on every device) and pipeline parallel (the decoder layers in consecutive stages, as
+vLLM's `get_pp_indices`; the first stage also holds the embeddings, the last the LM
+head). The rules and the shards they were checked against:
+docs/concepts/memory-planner.md. Pure Python.
 
 Example:
     >>> pipeline_stages(80, 3)

@@ -5,8 +5,8 @@ for any weights format and any split across devices.
 per-layer layout, the widest transient) and then answers `(batch, seq_len) -> bytes` fast
 enough for the fit search; `serving_memory` is the same figure with its parts. With
 several devices every figure is that of the fullest device (the largest pipeline stage).
-The formulas are in `keras_mha.cards.planner.memory`'s docstring and
-docs/concepts/memory-planner.md; the placement rules in `keras_mha.cards.planner.placement`.
+The formulas are in docs/concepts/memory-planner.md; the placement rules in
+`keras_mha.cards.planner.placement`.
 Pure Python.
 
 Example:

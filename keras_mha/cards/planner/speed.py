@@ -1,31 +1,9 @@
 """Upper bounds on serving speed from the hardware alone: decode tokens per second as a
-memory-bandwidth roofline, prefill time (time to first token) as a compute roofline.
-
-Decode: every step reads, on each device, its share of the weights (not the embedding
-tables it looks one row up in; of an MoE layer's routed experts only those the batch's
-tokens pick: `E * (1 - (1 - k/E)**B)` of `E` under uniform routing) and of the KV cache
-and recurrent state. A step cannot take less than
-`bytes / bandwidth`, nor less than `FLOPs / peak` (`2 x` the active matmul parameters per
-token plus the attention over the cached tokens):
-
-    step_seconds >= max(max over devices of bytes_read / bandwidth,
-                        FLOPs_per_token * batch / (peak * devices))
-    decode_tokens_per_s <= batch / step_seconds
-
-With pipeline stages, the aggregate bound assumes the stages overlap perfectly (each reads
-its share once per step); one sequence's tokens still pass through the stages in turn, so
-`decode_tokens_per_s_per_sequence` adds the stages' times.
-
-Prefill: `FLOPs / (peak * devices)` for `batch` prompts of `seq_len` tokens: `2 x` the
-active matmul parameters per prompt token (the LM head only for each prompt's last token),
-plus the causal attention `4 * heads * (d + dv) / 2 * sum over positions of the keys seen`
-(capped at the window on sliding layers; bidirectional for encoders). The peak is the
-device's dense float8 peak for formats that compute in float8 (fp8 weights and
-activations) on devices that have one, else its dense 16-bit peak.
-
-These are bounds: real engines reach a fraction of them (kernel efficiency, communication
-between devices, scheduling). docs/concepts/memory-planner.md has the formulas and the
-measured check on this machine's CPU. Pure Python.
+memory-bandwidth roofline (a step reads each device's share of the weights, only the
+experts its tokens pick, and the KV cache), prefill time (time to first token) as a
+compute roofline at the device's dense 16-bit or float8 peak. Real engines reach a
+fraction of them. The formulas, and the check against a measured CPU:
+docs/concepts/memory-planner.md. Pure Python.
 
 Example:
     >>> from keras_mha.hub.config import load_config
