@@ -23,17 +23,12 @@ from keras_mha.commands import terminal
 from keras_mha.hub.bundled import list_bundled
 from keras_mha.hub.config import load_config
 from keras_mha.hub.weights_size import checkpoint_size, checkpoint_size_of_folder
+from tests.cli.test_inspect import run_cli
 from tests.hub_server import hub_environment
 
 pytestmark = pytest.mark.backend_independent
 
 LLAMA_3 = "bundled:meta-llama/Meta-Llama-3-8B"
-
-
-def run_cli(capsys, *argv):
-    exit_code = cli.main(list(argv))
-    captured = capsys.readouterr()
-    return exit_code, captured.out, captured.err
 
 
 # -- 80 columns, verdict first ------------------------------------------------------------------
