@@ -93,11 +93,8 @@ def format_flops(flops: float) -> str:
         >>> format_flops(2.25e15)
         '2.25 PFLOPS'
     """
-    for threshold, unit in ((1e15, "P"), (1e12, "T"), (1e9, "G")):
-        if flops >= threshold:
-            value = flops / threshold
-            return f"{value:.3g} {unit}FLOPS"
-    return f"{flops:.3g} FLOPS"
+    units = ((1e15, "PFLOPS"), (1e12, "TFLOPS"), (1e9, "GFLOPS"), (1, "FLOPS"))
+    return _three_figures(flops, units)
 
 
 def format_bandwidth(bytes_per_s: float) -> str:
@@ -107,6 +104,11 @@ def format_bandwidth(bytes_per_s: float) -> str:
         >>> format_bandwidth(8.19e11)
         '819 GB/s'
     """
-    if bytes_per_s >= 1e12:
-        return f"{bytes_per_s / 1e12:.3g} TB/s"
-    return f"{bytes_per_s / 1e9:.3g} GB/s"
+    return _three_figures(bytes_per_s, ((1e12, "TB/s"), (1e9, "GB/s")))
+
+
+def _three_figures(value: float, units: tuple[tuple[float, str], ...]) -> str:
+    """`value` in the first of `units` (scale, name) it reaches, else the last, to three
+    significant figures."""
+    scale, name = next(((scale, name) for scale, name in units if value >= scale), units[-1])
+    return f"{value / scale:.3g} {name}"
