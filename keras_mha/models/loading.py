@@ -56,7 +56,7 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         UnsupportedModelError: a family or feature keras_mha.models does not build.
 
     Example:
-        >>> from keras_mha.cards import load_config
+        >>> from keras_mha.hub import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:Qwen/Qwen2.5-0.5B").config)
         >>> build_model(spec).count_params()  # doctest: +SKIP
@@ -167,25 +167,36 @@ def _local_directory(source: str, revision) -> Path | None:
     return path
 
 
-def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
-    """(config, folder of the safetensors files) of a Hub id, through the HF cache."""
-    from keras_mha.cards.hub import load_config
+def _hub_checkpoint(source: str, revision, token, hub=None) -> tuple[dict, Path]:
+    """(config, folder of the safetensors files) of a Hub id, through the HF cache.
 
-    loaded = load_config(source, revision=revision, token=token)
+    `hub` holds `endpoint`, `offline` and `timeout` for `load_config` / `hub_file`."""
+    from keras_mha.hub.config import load_config
+    from keras_mha.hub.settings import offline_requested
+
+    hub = dict(hub or {})
+    loaded = load_config(source, revision=revision, token=token, **hub)
     if loaded.source != "hub":
+        offline = hub.get("offline")
+        if offline or (offline is None and offline_requested()):
+            why = "offline mode is on (--offline, HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)"
+        else:
+            reason = (loaded.note or "the Hub could not be reached").split("; answered from")[0]
+            why = f"{reason}"
         raise CheckpointError(
-            f"{source}: the Hub could not be reached and no cached checkpoint exists "
-            f"({loaded.note}); a bundled card has a config but no weights",
+            f"{source}: {why} and its weights are not in the HF cache; download them once "
+            f"online (`hf download {source}`, or run this again with the network) or pass a "
+            "local folder holding config.json and safetensors",
             model_id=source,
         )
-    from keras_mha.cards.hub_files import hub_file
+    from keras_mha.hub.files import hub_file
 
     # The commit the config came from: its files are fetched at that exact commit (and a
     # cached one is never fetched again); hub_file checks every name the server sends.
     commit = loaded.commit or revision
 
     def download(filename):
-        return hub_file(source, filename, revision=commit, token=token)
+        return hub_file(source, filename, revision=commit, token=token, **hub)
 
     index = download(INDEX_FILE_NAME)
     if index is not None:
@@ -388,7 +399,9 @@ def _return_freed_memory():
         pass
 
 
-def from_pretrained(source, *, dtype=None, revision=None, token=None):
+def from_pretrained(
+    source, *, dtype=None, revision=None, token=None, endpoint=None, offline=None, timeout=None
+):
     """A Keras model of keras-mha layers from a Hub checkpoint.
 
     Args:
@@ -399,6 +412,8 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
             device computes it well (see `choose_dtype`), else float32.
         revision: Hub branch, tag or commit (Hub ids only).
         token: Hub token; None uses the stored login / `HF_TOKEN`.
+        endpoint, offline, timeout: Hub endpoint, offline mode and seconds per exchange,
+            as `keras_mha.hub.load_config` (None: the environment's / the default).
 
     Returns:
         A `DecoderModel` (causal LMs: logits `(B, T, vocab)`) or `EncoderModel` (BERT and
@@ -421,8 +436,8 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
         >>> model(np.array([[1, 2, 3]])).shape  # doctest: +SKIP
         (1, 3, 100)
     """
-    from keras_mha.cards.hub import read_config_file
     from keras_mha.cards.spec import from_config
+    from keras_mha.hub.config import read_config_file
     from keras_mha.models.deferred import deferred_variables
 
     if not isinstance(source, (str, Path)) or not str(source).strip():
@@ -435,7 +450,10 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
         config = read_config_file(directory / "config.json", described_as=str(directory))
         SafetensorsCheckpoint(directory)  # a folder without safetensors fails before building
     else:
-        config, directory = _hub_checkpoint(source, revision, token)
+        hub = {"endpoint": endpoint, "offline": offline}
+        if timeout is not None:
+            hub["timeout"] = timeout
+        config, directory = _hub_checkpoint(source, revision, token, hub)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown families are refused below, by name
         try:
