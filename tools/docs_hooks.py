@@ -272,8 +272,25 @@ def cards_table() -> str:
 API_PAGES: dict[str, str] = {}
 
 
-def _owner(defined_in: str, pages: dict[str, str]) -> str | None:
-    candidates = [m for m in pages if defined_in == m or defined_in.startswith(m + ".")]
+def _public_names(module_name: str) -> list[str]:
+    """A module's `__all__`, or else the names defined in it."""
+    module = importlib.import_module(module_name)
+    return getattr(module, "__all__", None) or [
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == module_name
+    ]
+
+
+def _owner(name: str, defined_in: str, pages: dict[str, str]) -> str | None:
+    """The API page that documents `name`: the deepest page module it is defined under
+    that also exports it (`keras_mha.plan` lives under `keras_mha.cards`, which does not
+    export it, so `keras_mha`'s page documents it)."""
+    candidates = [
+        m
+        for m in pages
+        if (defined_in == m or defined_in.startswith(m + ".")) and name in _public_names(m)
+    ]
     return max(candidates, key=len, default=None)
 
 
@@ -289,19 +306,14 @@ def api_reference(module_name: str, pages: dict[str, str] | None = None) -> str:
     """
     pages = API_PAGES if pages is None else pages
     module = importlib.import_module(module_name)
-    names = getattr(module, "__all__", None) or [
-        name
-        for name, value in vars(module).items()
-        if not name.startswith("_") and getattr(value, "__module__", None) == module_name
-    ]
     entries, elsewhere = [], []
-    for name in names:
+    for name in _public_names(module_name):
         value = getattr(module, name)
         if not (inspect.isclass(value) or inspect.isfunction(value)):
             entries.append(f"## {name}\n\n`{module_name}.{name}` = `{value!r}`")
             continue
         path = f"{value.__module__}.{value.__qualname__}"
-        owner = _owner(value.__module__, pages)
+        owner = _owner(name, value.__module__, pages)
         if owner in (None, module_name):
             entries.append(f"::: {path}")
         else:
@@ -336,7 +348,7 @@ def expand(markdown: str) -> str:
 # ----------------------------------------------------------------------------- MkDocs events
 def on_files(files, config):
     """Add one page per bundled card, its `card.md` as it ships."""
-    from mkdocs.structure.files import File
+    from mkdocs.structure.files import File, InclusionLevel
 
     API_PAGES.clear()
     for file in files.documentation_pages():
@@ -345,7 +357,9 @@ def on_files(files, config):
                 API_PAGES[match[2]] = file.src_uri
     for model_id, directory in _card_directories().items():
         content = (directory / "card.md").read_text(encoding="utf-8")
-        files.append(File.generated(config, f"{CARD_PAGES}/{model_id}.md", content=content))
+        page = File.generated(config, f"{CARD_PAGES}/{model_id}.md", content=content)
+        page.inclusion = InclusionLevel.NOT_IN_NAV  # reached from the bundled-cards table
+        files.append(page)
     return files
 
 
