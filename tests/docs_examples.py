@@ -23,6 +23,9 @@ An HTML comment on the line before a block changes how it runs:
   interpreter.
 - `<!-- test: only BACKEND -->`: a block written for one backend (`jax.jit`,
   `tf.function`, `torch.compile`), run in that backend's leg only.
+- `<!-- test: once REASON -->`: a block that runs keras but only once, in the leg of the
+  backend-independent tests, because a full run costs seconds on each backend (a real
+  checkpoint) and other tests cover the backends; REASON says which.
 
 A block needs a Keras backend, and so runs in every leg of the test command, when it runs
 keras: a python block that mentions `keras` other than through `import keras_mha`,
@@ -56,7 +59,7 @@ RUNNABLE = ("python", "console", "bash")
 FENCE = re.compile(
     r"^(?P<indent> *)```(?P<language>[\w-]*)[^\n]*\n(?P<code>.*?)^(?P=indent)```$", re.M | re.S
 )
-MARKER = re.compile(r"<!-- test: (?P<kind>skip|subprocess|only)(?: (?P<reason>.*?))? -->\s*$")
+MARKER = re.compile(r"<!-- test: (?P<kind>skip|subprocess|only|once)(?: (?P<reason>.*?))? -->\s*$")
 # Python that uses keras-mha without keras: the model cards, the Hub, the planner and the
 # error classes (`import keras_mha` itself imports no keras: its layers load on first use).
 KERAS_FREE_MODULES = re.compile(
@@ -79,6 +82,7 @@ class Block:
     skip_reason: str | None = None
     subprocess: bool = False
     only_backend: str | None = None
+    once_reason: str | None = None
 
     @property
     def name(self) -> str:
@@ -105,10 +109,12 @@ def parse_blocks(path: str, text: str) -> list[Block]:
         marker = MARKER.search(before)
         code = "\n".join(row[len(match["indent"]) :] for row in match["code"].splitlines())
         block = Block(path, line, match["language"], code)
+        if marker and marker["kind"] in ("skip", "once") and not marker["reason"]:
+            raise ValueError(f"{block.name}: `<!-- test: {marker['kind']} -->` needs a reason")
         if marker and marker["kind"] == "skip":
-            if not marker["reason"]:
-                raise ValueError(f"{block.name}: `<!-- test: skip -->` needs a reason")
             block.skip_reason = marker["reason"]
+        if marker and marker["kind"] == "once":
+            block.once_reason = marker["reason"]
         block.subprocess = bool(marker and marker["kind"] == "subprocess")
         if marker and marker["kind"] == "only":
             block.only_backend = marker["reason"]
@@ -165,10 +171,15 @@ def console_commands(code: str) -> list[Command]:
 
 def output_matches(expected: list[str], actual: str) -> bool:
     """Whether `actual` is what `expected` shows, `...` standing for any lines (alone on a
-    line) or any text (inside a line); trailing spaces do not count.
+    line) or any text (inside a line); trailing spaces do not count, and a run of spaces
+    matches any other (a table's columns widen with a figure that varies, such as a time).
 
     Example:
         >>> output_matches(["a", "...", "z ... end"], "a\\nb\\nc\\nz 1 2 end\\n")
+        True
+        >>> output_matches(["x   1  +2.0%"], "x   1 +12.0%\\n")
+        False
+        >>> output_matches(["x   1  +2.0%"], "x   1   +2.0%\\n")
         True
     """
     pattern = ""
@@ -176,9 +187,15 @@ def output_matches(expected: list[str], actual: str) -> bool:
         if line.strip() == "...":
             pattern += r"(?:.*\n)*?"
         else:
-            pattern += ".*".join(re.escape(part) for part in line.rstrip().split("...")) + r"\n"
+            parts = [_spaced(part) for part in line.rstrip().split("...")]
+            pattern += ".*".join(parts) + r"\n"
     actual_lines = "".join(line.rstrip() + "\n" for line in actual.splitlines())
     return re.fullmatch(pattern, actual_lines) is not None
+
+
+def _spaced(text: str) -> str:
+    """`text` as a regex in which each run of spaces matches one or more spaces."""
+    return " +".join(re.escape(word) for word in re.split(" +", text))
 
 
 def shell_environment() -> dict[str, str]:

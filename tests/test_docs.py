@@ -35,7 +35,8 @@ DOCTEST_GLOBALS = {
 def runs_in_this_leg(block) -> bool:
     if block.skip_reason or block.only_backend not in (None, current_backend()):
         return False
-    return block.needs_backend or current_backend() == BACKEND_FOR_BACKEND_INDEPENDENT_TESTS
+    once = block.once_reason or not block.needs_backend
+    return not once or current_backend() == BACKEND_FOR_BACKEND_INDEPENDENT_TESTS
 
 
 def block_params():
@@ -53,6 +54,11 @@ def test_documentation_block_runs(block):
         pytest.skip(block.skip_reason)
     if block.only_backend not in (None, current_backend()):
         pytest.skip(f"written for KERAS_BACKEND={block.only_backend}")
+    if block.once_reason and current_backend() != BACKEND_FOR_BACKEND_INDEPENDENT_TESTS:
+        pytest.skip(
+            f"runs once, under KERAS_BACKEND={BACKEND_FOR_BACKEND_INDEPENDENT_TESTS}: "
+            + block.once_reason
+        )
     page = _pages.setdefault(block.path, PageRun(block.path))
     # Later blocks build on earlier ones (names, files): run those first (once each).
     for earlier in BLOCKS:

@@ -210,13 +210,13 @@ def test_unknown_gpu_lists_the_known_ones_in_one_line(capsys):
 
 
 def test_readme_json_contract_example_is_the_commands_output(capsys):
-    """The JSON example of the model-cards guide (the contract) holds the numbers the
+    """The JSON example of the JSON reference page (the contract) holds the numbers the
     command prints."""
     import re
     from pathlib import Path
 
-    guide = Path(__file__).resolve().parents[2] / "docs" / "guides" / "model-cards.md"
-    section = guide.read_text(encoding="utf-8").split("## JSON output", 1)[1]
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "json.md"
+    section = page.read_text(encoding="utf-8").split("## The contract", 1)[1]
     example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
     report = inspect_json(capsys, LLAMA_3, "--gpu", "h100")
 
