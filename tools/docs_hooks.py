@@ -9,7 +9,7 @@ A page asks for a generated section with a marker alone on a line:
     <!-- generated: api keras_mha.models -->     every name in a module's `__all__`
 
 and each bundled card's `card.md` becomes a page `reference/cards/<org>/<name>.md`. The
-generators are plain functions returning Markdown; `tests/test_docs.py` calls them too.
+generators are plain functions returning Markdown; `tests/test_docs_site.py` calls them too.
 mkdocs.yml names this file under `hooks:`.
 
 Example:
