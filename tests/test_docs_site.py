@@ -19,7 +19,9 @@ from tests.docs_examples import ROOT
 # One leg runs the docstring examples: torch's eager ops cost a fraction of JAX's (each of
 # which compiles); examples print shapes as tuples, the same on every backend.
 DOCTEST_BACKEND = "torch"
-DOCTEST_PACKAGES = ("keras_mha", "benchmarks")
+DOCTEST_PACKAGES = ("keras_mha", "benchmarks", "tools")
+# ... and the doc-test collector's own examples.
+DOCTEST_MODULES = ("tests.docs_examples",)
 # Names every docstring example may use without importing them: NumPy and keras, as in
 # Keras's docstrings, and the attention layers.
 DOCTEST_GLOBALS = {
@@ -99,6 +101,7 @@ def doctest_modules():
         for module in pkgutil.walk_packages([str(folder)], prefix=f"{package}."):
             if not module.name.endswith(".__main__"):  # importing it would run the program
                 yield module.name
+    yield from DOCTEST_MODULES
 
 
 def _global(target):

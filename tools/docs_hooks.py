@@ -310,7 +310,7 @@ def api_reference(module_name: str, pages: dict[str, str] | None = None) -> str:
     for name in _public_names(module_name):
         value = getattr(module, name)
         if not (inspect.isclass(value) or inspect.isfunction(value)):
-            entries.append(f"## {name}\n\n`{module_name}.{name}` = `{value!r}`")
+            entries.append(f"## {name}\n\n{constant_reference(f'{module_name}.{name}', value)}")
             continue
         path = f"{value.__module__}.{value.__qualname__}"
         owner = _owner(name, value.__module__, pages)
@@ -324,6 +324,34 @@ def api_reference(module_name: str, pages: dict[str, str] | None = None) -> str:
     options = "    options:\n      members: false\n      show_root_heading: false"
     entries.insert(0, f"::: {module_name}\n{options}")
     return "\n\n".join(entries)
+
+
+def constant_reference(path: str, value: object) -> str:
+    """A public constant: a sequence of dataclass records (a rule table) as a Markdown table
+    of their fields, anything else as its repr.
+
+    Example:
+        >>> Rule = dataclasses.make_dataclass("Rule", ["role", "threshold"])
+        >>> print(constant_reference("m.RULES", (Rule("self", 0.5),)))
+        `m.RULES`: a tuple of `Rule`
+        <BLANKLINE>
+        | role | threshold |
+        |---|---|
+        | self | 0.5 |
+    """
+    records = list(value) if isinstance(value, (tuple, list)) else []
+    if records and all(dataclasses.is_dataclass(record) for record in records):
+        fields = [field.name for field in dataclasses.fields(records[0])]
+        rows = [[_record_value(getattr(record, f)) for f in fields] for record in records]
+        kind = f"a {type(value).__name__} of `{type(records[0]).__name__}`"
+        return f"`{path}`: {kind}\n\n" + table(fields, rows)
+    return f"`{path}` = `{value!r}`"
+
+
+def _record_value(value: object) -> str:
+    if isinstance(value, (tuple, list)):
+        return ", ".join(map(str, value))
+    return str(value)
 
 
 GENERATORS = {
