@@ -45,17 +45,24 @@ __all__ = [
     "parameter_counts",
 ]
 
-# Rebuilding layers imports keras, which `keras-mha inspect` must never do: these two
-# names are imported on first use (PEP 562).
-_LAZY_REBUILD_NAMES = {
-    "build_attention": "keras_mha.cards.rebuild",
-    "load_attention_weights": "keras_mha.cards.checkpoint_weights",
+# Rebuilding layers moved to keras_mha.models in 0.3; these names still resolve, on first
+# use (PEP 562: keras_mha.cards itself never imports keras), with a DeprecationWarning.
+_MOVED_TO_MODELS = {
+    "build_attention": "keras_mha.models.rebuild",
+    "load_attention_weights": "keras_mha.models.checkpoint_weights",
 }
 
 
 def __getattr__(name):
-    if name in _LAZY_REBUILD_NAMES:
+    if name in _MOVED_TO_MODELS:
         import importlib
+        import warnings
 
-        return getattr(importlib.import_module(_LAZY_REBUILD_NAMES[name]), name)
+        warnings.warn(
+            f"keras_mha.cards.{name} is deprecated and will be removed in 0.4; import it from "
+            f"keras_mha.models ({_MOVED_TO_MODELS[name]})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(_MOVED_TO_MODELS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

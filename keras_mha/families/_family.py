@@ -1,21 +1,25 @@
-"""How each model family spells its config keys, what its blocks always are, and its quirks.
+"""The shape of a family module's data: `Family`, its `Blocks` and its multimodal `Wrapper`.
 
-One `Family` per `model_type`: `keys` maps each canonical `ModelSpec` field to the
-config keys that hold it, tried in order (transformers' `attribute_map`, written out);
-`traits` are the `ModelSpec` fields the family fixes (biases, norms, MLP kind, position
-encoding); `switches` are boolean config keys copied into boolean fields; `window`
-and `moe` name how layer kinds and MoE layers are laid out; `hooks` are the few genuine
-special cases (Falcon's KV heads, MLA, DBRX's nested configs, T5/BART encoders, ...).
-`read_family` applies them through a `ConfigReader`, so every value is validated the
-same way (see `keras_mha.cards.config_values`).
+A family module (`keras_mha/families/<name>.py`) defines `FAMILY = Family(...)` (or
+`FAMILIES = (...)` when one file holds several model types, such as Gemma 3's text model
+and its multimodal wrapper). Everything keras-mha knows about the family is a field:
+
+- reading its `config.json` (`keys`, `traits`, `switches`, `window`, `moe`,
+  `ffn_factor`, `hooks`, `defaults`; `read_family` applies them);
+- building it with `keras_mha.models` (`blocks`; None for families that `inspect`
+  describes but `from_pretrained` does not build, with `not_built` saying what is missing);
+- its checkpoint's tensor names (`weights`, a `WeightNames` table used by whole-model
+  loading, `save_pretrained` and single-layer `load_attention_weights` alike);
+- how a pruned model's head count is written back (`head_size_in_config`);
+- for multimodal wrappers, the language and vision parts and the projector (`wrapper`).
+
+Only the standard library is imported (no keras, no NumPy), so `keras-mha inspect`
+reads the registry in a few milliseconds.
 
 Example:
-    >>> from keras_mha.cards.config_values import ConfigReader
-    >>> reader = ConfigReader({"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 10,
-    ...                        "n_positions": 32}, model_type="gpt2")
-    >>> fields = read_family(reader, FAMILIES["gpt2"])
-    >>> fields["head_dim"], fields["intermediate_size"], fields["layer_kinds"]
-    (16, 256, ('full', 'full'))
+    >>> family = Family("tiny", keys={"hidden_size": ("hidden_size",)})
+    >>> family.model_types, family.blocks is None
+    (('tiny',), True)
 """
 
 from __future__ import annotations
@@ -23,127 +27,170 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from keras_mha.cards import family_rules as rules
-from keras_mha.cards.config_values import ConfigReader
 from keras_mha.errors import ConfigError
+from keras_mha.families import _rules as rules
+from keras_mha.families._weights import WeightNames
 
-# `typing` costs ~5 ms to import, a tenth of `inspect`'s budget; `Any` only annotates.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+# How a family's config states the head size, which decides how a pruned model exports
+# (see `keras_mha.models.export`): the config has a `head_dim` key ("explicit"), has one
+# but transformers also requires hidden_size % heads == 0 ("explicit_divisor"), or derives
+# the head size as hidden_size / heads ("derived").
+HEAD_SIZE_LAYOUTS = ("explicit", "explicit_divisor", "derived")
+BLOCK_KINDS = ("decoder", "encoder")
 
-# -- spellings ----------------------------------------------------------------------------------
 
-HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
-HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
-LAYERS_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-KV_HEADS_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
-VOCAB_KEYS = ("vocab_size", "padded_vocab_size")
-INTERMEDIATE_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size")
-MAX_POSITION_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "max_sequence_length",
-    "n_ctx",
-)
-NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
-ACTIVATION_KEYS = (
-    "hidden_act",
-    "hidden_activation",
-    "activation_function",
-    "activation",
-    "dense_act_fn",
-)
-ROPE_KEYS = {"rope_theta": ("rope_theta",), "partial_rotary_factor": ("partial_rotary_factor",)}
+@dataclass(frozen=True)
+class Blocks:
+    """What `keras_mha.models` needs beyond the `ModelSpec` to build a family's blocks.
 
-_COMMON_KEYS = {
-    "hidden_size": HIDDEN_KEYS,
-    "num_attention_heads": HEADS_KEYS,
-    "num_hidden_layers": LAYERS_KEYS,
-    "vocab_size": VOCAB_KEYS,
-    "max_position_embeddings": MAX_POSITION_KEYS,
-    "norm_eps": NORM_EPS_KEYS,
-    "hidden_act": ACTIVATION_KEYS,
-}
-# Llama and the families built like it: GQA spellings, an explicit head_dim, RoPE.
-_LLAMA_KEYS = {
-    **_COMMON_KEYS,
-    **ROPE_KEYS,
-    "num_key_value_heads": KV_HEADS_KEYS,
-    "head_dim": ("head_dim",),
-    "intermediate_size": INTERMEDIATE_KEYS,
-}
-# An unknown model_type: every spelling any family uses.
-_GENERIC_KEYS = {
-    **_LLAMA_KEYS,
-    "num_attention_heads": HEADS_KEYS + ("decoder_attention_heads", "encoder_attention_heads"),
-    "num_hidden_layers": LAYERS_KEYS + ("decoder_layers",),
-    "head_dim": ("head_dim", "d_kv"),
-    "intermediate_size": INTERMEDIATE_KEYS + ("decoder_ffn_dim",),
-    "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),
-}
+    The spec already says the norm type and bias, MLP kind and biases, positions (RoPE,
+    a learned table, RoBERTa's padding offset), parallel residuals and tying; these are
+    the family's fixed choices that no config key states.
 
-# -- traits -------------------------------------------------------------------------------------
+    Attributes:
+        kind: "decoder" (a causal LM, `DecoderModel`) or "encoder" (`EncoderModel`).
+        default_activation: the Hugging Face activation name when the config names none.
+        default_norm_epsilon: when the config names none.
+        norm_scale_offset: norms multiply by `offset + weight` (Gemma stores `w` and
+            multiplies by `1 + w`); q/k norms of such a family load as `1 + w`.
+        embedding_scale: token embeddings are multiplied by sqrt(hidden_size) (Gemma).
+        sandwich_norms: each sublayer's output is normalised too (Gemma 2/3).
 
-_ALL_BIASES = ("q_bias", "k_bias", "v_bias", "o_bias")
-_NO_BIASES = dict.fromkeys(_ALL_BIASES, False)
-_LLAMA_TRAITS = {"mlp_kind": "gated", "norm_type": "rms", "position_embedding": "rope"}
-# LayerNorm with bias, biased plain MLP, biases on every projection (GPT-2, BERT, ...).
-_CLASSIC_TRAITS = {
-    **dict.fromkeys(_ALL_BIASES, True),
-    "mlp_kind": "plain",
-    "mlp_bias": True,
-    "norm_type": "layer",
-    "norm_bias": True,
-    "norm_affine": True,
-}
-_LEARNED_POSITIONS = {"position_embedding": "learned", "learned_position_tables": 1}
-_ATTENTION_BIAS = {"attention_bias": _ALL_BIASES}
+    Example:
+        >>> Blocks("decoder", norm_scale_offset=1.0).norm_scale_offset
+        1.0
+    """
+
+    kind: str
+    default_activation: str = "silu"
+    default_norm_epsilon: float = 1e-6
+    norm_scale_offset: float = 0.0
+    embedding_scale: bool = False
+    sandwich_norms: bool = False
+
+    def __post_init__(self):
+        if self.kind not in BLOCK_KINDS:
+            raise ValueError(f"Blocks.kind={self.kind!r}; expected one of {list(BLOCK_KINDS)}")
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A multimodal wrapper config (Gemma 3, LLaVA, PaliGemma) around a language model.
+
+    Attributes:
+        text_model_type: the `model_type` its `text_config` has when it does not say
+            (transformers' `sub_configs` defaults).
+        vision_model_type: the same for `vision_config`.
+        tie_word_embeddings: the wrapper's own default; None when a false (or absent)
+            top-level value takes the text config's (LlavaConfig).
+        projector_parameters: `(VisionSpec, text hidden size) -> parameters` of the
+            projector between the vision tower and the language model.
+        read_projector: `(top-level reader) -> dict` of the `VisionSpec` projector fields
+            the wrapper's config sets (`projector_bias`, `projector_input_layers`,
+            `projection_dim`).
+    """
+
+    text_model_type: str
+    vision_model_type: str
+    tie_word_embeddings: bool | None
+    projector_parameters: Callable[[object, int], int]
+    read_projector: Callable[[object], dict] = lambda top: {}
 
 
 @dataclass(frozen=True)
 class Family:
-    """A model family's config vocabulary and fixed traits (see the module docstring).
+    """Everything keras-mha knows about one model family, as data (see the module docstring).
 
     Attributes:
-        keys: canonical field -> spellings in the order tried; a field without spellings
-            is derived (`num_key_value_heads` = heads, `head_dim` = hidden / heads).
-        traits: `ModelSpec` fields the family fixes.
+        name: the `model_type` (and `ModelSpec.family`).
+        aliases: other `model_type` values read as this family.
+        keys: canonical `ModelSpec` field -> config keys that hold it, tried in order
+            (transformers' `attribute_map`, written out); a field without spellings is
+            derived (`num_key_value_heads` = heads, `head_dim` = hidden / heads).
+        traits: `ModelSpec` fields the family fixes (biases, norms, MLP kind, positions).
         switches: boolean config key -> the boolean `ModelSpec` fields it sets.
         window: how layer kinds are laid out: None (all full), "all" (every layer slides
             when a window is set), "qwen" (`use_sliding_window` + `max_window_layers`),
             "alternate" (Gemma 2), "pattern" (Gemma 3's `sliding_window_pattern`),
             "ignored" (the family has no windows; a window is noted and dropped).
-        moe: "mixtral", "qwen3_moe", "deepseek", "jamba" or None.
+        moe: a key of `_rules.MOE_RULES` ("mixtral", "qwen3_moe", "deepseek", "jamba").
         ffn_factor: intermediate size = `ffn_factor * hidden_size` when no key gives it.
-        hooks: the family's special cases, `hook(reader, fields)`, in order.
+        hooks: the family's genuine special cases, `hook(reader, fields)`, in order.
+        defaults: the values transformers' config class uses for keys a config leaves out.
+        default_head: the head counted when a config names no `architectures`.
+        base_pooler: a bare `...Model` architecture includes a pooler (BERT, RoBERTa).
+        blocks: how `keras_mha.models` builds it; None when it is only described.
+        not_built: what `keras_mha.models` would need to build it (for the error).
+        weights: its checkpoint's tensor names (None: keras-mha reads none of them).
+        head_size_in_config: one of `HEAD_SIZE_LAYOUTS`, how a pruned model's heads are
+            written back by `save_pretrained`; None when it is not exported.
+        wrapper: for a multimodal wrapper, its language and vision parts.
 
     Example:
-        >>> FAMILIES["qwen2"].traits["o_bias"], FAMILIES["gemma2"].window
+        >>> from keras_mha.families import family_for
+        >>> family_for("qwen2").traits["o_bias"], family_for("gemma2").window
         (False, 'alternate')
     """
 
-    keys: Mapping[str, tuple[str, ...]]
-    traits: Mapping[str, Any] = field(default_factory=dict)
+    name: str
+    aliases: tuple[str, ...] = ()
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    traits: Mapping[str, object] = field(default_factory=dict)
     switches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     window: str | None = None
     moe: str | None = None
     ffn_factor: int | None = None
-    hooks: tuple[Callable[[ConfigReader, dict], None], ...] = ()
+    hooks: tuple[Callable[[object, dict], None], ...] = ()
+    defaults: Mapping[str, object] = field(default_factory=dict)
+    default_head: str = "lm"
+    base_pooler: bool = False
+    blocks: Blocks | None = None
+    not_built: str = "a block layout keras-mha does not describe"
+    weights: WeightNames | None = None
+    head_size_in_config: str | None = None
+    wrapper: Wrapper | None = None
+
+    def __post_init__(self):
+        if self.head_size_in_config not in (None, *HEAD_SIZE_LAYOUTS):
+            raise ValueError(
+                f"Family {self.name!r}: head_size_in_config={self.head_size_in_config!r}; "
+                f"expected one of {list(HEAD_SIZE_LAYOUTS)} or None"
+            )
+        if self.moe is not None and self.moe not in rules.MOE_RULES:
+            raise ValueError(
+                f"Family {self.name!r}: moe={self.moe!r}; expected one of {sorted(rules.MOE_RULES)}"
+            )
+
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        """Every `model_type` read as this family (its name first)."""
+        return (self.name, *self.aliases)
 
 
-# -- reading ------------------------------------------------------------------------------------
-
-
-def read_family(reader: ConfigReader, family: Family) -> dict:
+def read_family(reader, family: Family) -> dict:
     """Every `ModelSpec` field `family` defines, read and validated through `reader`.
 
-    Returns a dict of `ModelSpec` fields plus "layer_kinds" (and "notes": remarks for
-    `ModelSpec.warnings`); `cards.spec.from_config` adds the rest and the cross-field checks.
+    Args:
+        reader: a `keras_mha.cards.config_values.ConfigReader` over the (text) config,
+            with `family.defaults` as its defaults.
+        family: the family.
+
+    Returns:
+        A dict of `ModelSpec` fields plus "layer_kinds" (and "notes": remarks for
+        `ModelSpec.warnings`); `cards.spec.from_config` adds the rest and the
+        cross-field checks.
+
+    Example:
+        >>> from keras_mha.cards.config_values import ConfigReader
+        >>> from keras_mha.families import family_for
+        >>> reader = ConfigReader({"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 10,
+        ...                        "n_positions": 32}, model_type="gpt2")
+        >>> fields = read_family(reader, family_for("gpt2"))
+        >>> fields["head_dim"], fields["intermediate_size"], fields["layer_kinds"]
+        (16, 256, ('full', 'full'))
     """
     keys = family.keys
-    fields: dict[str, Any] = dict(family.traits)
+    fields: dict = dict(family.traits)
     fields["notes"] = []
     fields["hidden_size"] = reader.integer(
         keys["hidden_size"], "width", name="hidden_size", shape=True
@@ -208,169 +255,14 @@ def read_family(reader: ConfigReader, family: Family) -> dict:
     return fields
 
 
-# -- the table ----------------------------------------------------------------------------------
+def linear_parameters(inputs: int, outputs: int, bias: bool) -> int:
+    """Parameters of a dense layer (for projector formulas).
+
+    Example:
+        >>> linear_parameters(4, 3, True)
+        15
+    """
+    return inputs * outputs + (outputs if bias else 0)
 
 
-def _llama_like(traits: Mapping | None = None, **options) -> Family:
-    """A family built like Llama: pre-norm attention and a gated MLP, RMS norms, RoPE."""
-    switches = options.pop("switches", _ATTENTION_BIAS)
-    return Family(
-        keys=options.pop("keys", _LLAMA_KEYS),
-        traits={**_LLAMA_TRAITS, **(traits or {})},
-        switches=switches,
-        window=options.pop("window", "all"),
-        **options,
-    )
-
-
-_QWEN_BIASES = {"q_bias": True, "k_bias": True, "v_bias": True, "o_bias": False}
-_GEMMA2_TRAITS = {"norms_per_layer": 4}
-_MLA_FAMILY = {
-    "switches": {**_ATTENTION_BIAS, "mlp_bias": ("mlp_bias",)},
-    "window": "ignored",
-    "moe": "deepseek",
-    "hooks": (rules.mla,),
-}
-
-FAMILIES: dict[str, Family] = {
-    "llama": _llama_like(
-        switches={**_ATTENTION_BIAS, "mlp_bias": ("mlp_bias",)},
-        window="ignored",
-        hooks=(rules.mla,),
-    ),
-    "mistral": _llama_like(_NO_BIASES, switches={}),
-    "mixtral": _llama_like(_NO_BIASES, switches={}, moe="mixtral"),
-    "phi3": _llama_like(_NO_BIASES, switches={}),
-    "qwen2": _llama_like(_QWEN_BIASES, switches={}, window="qwen"),
-    "qwen3": _llama_like({"qk_norm": "rms"}, window="qwen"),
-    "qwen3_moe": _llama_like({"qk_norm": "rms"}, window="qwen", moe="qwen3_moe"),
-    "gemma": _llama_like(window="ignored"),
-    "gemma2": _llama_like(_GEMMA2_TRAITS, window="alternate", hooks=(rules.gemma_scale_and_caps,)),
-    "gemma3_text": _llama_like(
-        {**_GEMMA2_TRAITS, "qk_norm": "rms"},
-        window="pattern",
-        hooks=(rules.gemma_scale_and_caps, rules.gemma3_local_rope),
-    ),
-    "deepseek_v2": _llama_like(**_MLA_FAMILY),
-    "deepseek_v3": _llama_like(**{**_MLA_FAMILY, "switches": _ATTENTION_BIAS}),
-    # Jamba's attention layers apply no position encoding: its Mamba layers carry the order.
-    "jamba": _llama_like(
-        {**_NO_BIASES, "position_embedding": "none"},
-        switches={},
-        window=None,
-        moe="jamba",
-        hooks=(rules.jamba,),
-    ),
-    "gpt2": Family(
-        keys={**_COMMON_KEYS, "intermediate_size": ("n_inner",)},
-        traits={**_CLASSIC_TRAITS, **_LEARNED_POSITIONS},
-        ffn_factor=4,
-        hooks=(rules.gpt2,),
-    ),
-    "gpt_neox": Family(
-        keys={
-            **_COMMON_KEYS,
-            "head_dim": ("head_dim",),
-            "intermediate_size": ("intermediate_size",),
-            "rope_theta": ("rope_theta", "rotary_emb_base"),
-            "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),
-        },
-        traits={**_CLASSIC_TRAITS, "position_embedding": "rope"},
-        switches=_ATTENTION_BIAS,
-    ),
-    "falcon": Family(
-        keys={**_COMMON_KEYS, **ROPE_KEYS, "intermediate_size": ("ffn_hidden_size",)},
-        traits={**_CLASSIC_TRAITS, **_NO_BIASES, "mlp_bias": False, "position_embedding": "rope"},
-        switches={"bias": (*_ALL_BIASES, "mlp_bias")},
-        ffn_factor=4,
-        hooks=(rules.falcon,),
-    ),
-    "phi": Family(
-        keys={
-            **_COMMON_KEYS,
-            **ROPE_KEYS,
-            "num_key_value_heads": KV_HEADS_KEYS,
-            "head_dim": ("head_dim",),
-            "intermediate_size": ("intermediate_size",),
-        },
-        traits={
-            **_CLASSIC_TRAITS,
-            "norms_per_layer": 1,
-            "lm_head_bias": True,
-            "position_embedding": "rope",
-        },
-        hooks=(rules.phi,),
-    ),
-    "opt": Family(
-        keys={**_COMMON_KEYS, "intermediate_size": ("ffn_dim",)},
-        traits={**_CLASSIC_TRAITS, **_LEARNED_POSITIONS},
-        switches={
-            "enable_bias": (*_ALL_BIASES, "mlp_bias"),
-            "layer_norm_elementwise_affine": ("norm_affine",),
-        },
-        hooks=(rules.opt,),
-    ),
-    "bert": Family(
-        keys={**_COMMON_KEYS, "intermediate_size": ("intermediate_size",)},
-        traits={
-            **_CLASSIC_TRAITS,
-            **_LEARNED_POSITIONS,
-            "final_norms": 0,
-            "embedding_norms": 1,
-            "is_decoder": False,
-        },
-        switches={"is_decoder": ("is_decoder",)},
-        hooks=(rules.bert,),
-    ),
-    "t5": Family(
-        keys={
-            **_COMMON_KEYS,
-            "hidden_size": ("hidden_size", "d_model"),
-            "num_attention_heads": ("num_attention_heads", "num_heads"),
-            "num_hidden_layers": ("num_hidden_layers", "num_layers"),
-            "head_dim": ("head_dim", "d_kv"),
-            "intermediate_size": ("d_ff",),
-        },
-        traits={
-            **_NO_BIASES,
-            "attention_scale": 1.0,  # T5 folds the scale into its initialisation
-            "norm_type": "rms",
-            "norms_per_layer": 3,
-            "final_norms": 2,
-            "position_embedding": "relative",
-            "is_encoder_decoder": True,
-            "encoder_norms_per_layer": 2,
-        },
-        hooks=(rules.t5,),
-    ),
-    "bart": Family(
-        keys={
-            **_COMMON_KEYS,
-            "hidden_size": ("hidden_size", "d_model"),
-            "num_attention_heads": ("decoder_attention_heads",),
-            "num_hidden_layers": ("decoder_layers",),
-            "intermediate_size": ("decoder_ffn_dim",),
-        },
-        traits={
-            **_CLASSIC_TRAITS,
-            **_LEARNED_POSITIONS,
-            "learned_position_tables": 2,
-            "norms_per_layer": 3,
-            "final_norms": 0,
-            "embedding_norms": 2,
-            "is_encoder_decoder": True,
-            "encoder_norms_per_layer": 2,
-        },
-        hooks=(rules.bart,),
-    ),
-    "dbrx": Family(
-        keys=_COMMON_KEYS,
-        traits={**_LLAMA_TRAITS, "norm_type": "layer", "norm_bias": False},
-        hooks=(rules.dbrx,),
-    ),
-    "generic": _llama_like(keys=_GENERIC_KEYS, moe="mixtral", hooks=(rules.mla,)),
-}
-FAMILIES["gpt_bigcode"] = FAMILIES["gpt2"]
-
-
-__all__ = ["FAMILIES", "Family", "read_family"]
+__all__ = ["BLOCK_KINDS", "Blocks", "Family", "HEAD_SIZE_LAYOUTS", "Wrapper", "read_family"]

@@ -1,79 +1,22 @@
-"""What each supported family adds to the `ModelSpec`: a small trait table (data over code).
+"""What `keras_mha.models` builds: a spec's family and features, checked before building.
 
-`ModelSpec` (from `keras_mha.cards.spec.from_config`) already says the head counts, head
-size, biases, q/k norms, RoPE, sliding windows, soft caps and tying. The traits below
-say the rest of a block that differs between families: the norm's parametrisation,
-the default activation, Gemma's embedding scale, Gemma 2/3's extra norms around each
-sublayer, and which weight-name table (`weight_names.FAMILY_WEIGHT_NAMES`) reads it.
+A family is built when its module gives `blocks` (`keras_mha.families`); its
+`ModelSpec` then says the rest (norm type, MLP kind, positions, residual form, tying),
+and each of those must be one the blocks implement (`BUILT_FEATURES`). Anything else is
+refused with an `UnsupportedModelError` that names what is missing.
 
 Example:
-    >>> FAMILY_TRAITS["gemma2"].sandwich_norms, FAMILY_TRAITS["gemma2"].norm_scale_offset
-    (True, 1.0)
-    >>> FAMILY_TRAITS["bert"].kind
-    'encoder'
+    >>> from keras_mha.cards.spec import from_config
+    >>> spec = from_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+    ...                     "vocab_size": 100, "n_positions": 32})
+    >>> built_family(spec).blocks.kind, activation_name(spec, built_family(spec).blocks)
+    ('decoder', 'gelu_new')
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from keras_mha.errors import UnsupportedModelError
-
-
-@dataclass(frozen=True)
-class FamilyTraits:
-    """Block traits a `ModelSpec` does not carry.
-
-    Attributes:
-        kind: "decoder" (causal LM, `DecoderModel`) or "encoder" (`EncoderModel`).
-        weight_naming: key of `weight_names.FAMILY_WEIGHT_NAMES`.
-        default_activation: used when the config names none.
-        norm_scale_offset: RMSNorm multiplies by `offset + weight` (Gemma: 1).
-        embedding_scale: multiply token embeddings by sqrt(hidden_size) (Gemma).
-        sandwich_norms: norms after attention and after the MLP too (Gemma 2/3).
-        default_norm_epsilon: used when the config names none.
-    """
-
-    kind: str
-    weight_naming: str
-    default_activation: str = "silu"
-    norm_scale_offset: float = 0.0
-    embedding_scale: bool = False
-    sandwich_norms: bool = False
-    default_norm_epsilon: float = 1e-6
-
-
-_GEMMA = dict(default_activation="gelu_pytorch_tanh", norm_scale_offset=1.0, embedding_scale=True)
-
-FAMILY_TRAITS: dict[str, FamilyTraits] = {
-    "llama": FamilyTraits("decoder", "llama"),
-    "mistral": FamilyTraits("decoder", "llama"),
-    "qwen2": FamilyTraits("decoder", "llama"),
-    "qwen3": FamilyTraits("decoder", "llama"),
-    "gemma": FamilyTraits("decoder", "llama", **_GEMMA),
-    "gemma2": FamilyTraits("decoder", "gemma2", sandwich_norms=True, **_GEMMA),
-    "gemma3_text": FamilyTraits("decoder", "gemma3", sandwich_norms=True, **_GEMMA),
-    "phi3": FamilyTraits("decoder", "phi3", default_norm_epsilon=1e-5),
-    "bert": FamilyTraits("encoder", "bert", default_activation="gelu", default_norm_epsilon=1e-12),
-}
-
-# What a family that is not in the table would need, for the error message.
-_MISSING_PARTS = {
-    "gpt2": "learned position embeddings, LayerNorm blocks and GPT-2's fused c_attn/Conv1D",
-    "gpt_bigcode": "learned position embeddings, LayerNorm blocks and a fused c_attn",
-    "gpt_neox": "parallel attention/MLP blocks with LayerNorm and per-head interleaved qkv",
-    "falcon": "parallel attention/MLP blocks with LayerNorm (only its attention layers load)",
-    "phi": "parallel attention/MLP blocks with LayerNorm and a biased LM head",
-    "opt": "learned position embeddings with an offset and LayerNorm blocks",
-    "mixtral": "a mixture-of-experts MLP",
-    "qwen3_moe": "a mixture-of-experts MLP",
-    "deepseek_v2": "multi-head latent attention and a mixture-of-experts MLP",
-    "deepseek_v3": "multi-head latent attention and a mixture-of-experts MLP",
-    "jamba": "Mamba layers and a mixture-of-experts MLP",
-    "dbrx": "clipped q/k/v and a mixture-of-experts MLP",
-    "t5": "an encoder-decoder with relative position biases",
-    "bart": "an encoder-decoder with cross-attention",
-}
+from keras_mha.families import Blocks, Family, family_for, unique_families
 
 # Hugging Face activation names -> (keras activation, keyword arguments).
 ACTIVATIONS = {
@@ -84,47 +27,79 @@ ACTIVATIONS = {
     "gelu_new": ("gelu", {"approximate": True}),
     "relu": ("relu", {}),
 }
+# `ModelSpec` field -> the values the blocks of each kind implement.
+BUILT_FEATURES = {
+    "decoder": {
+        "position_embedding": ("rope", "learned"),
+        "mlp_kind": ("gated", "plain"),
+        "norm_type": ("rms", "layer"),
+    },
+    "encoder": {
+        "position_embedding": ("learned",),
+        "mlp_kind": ("plain",),
+        "norm_type": ("layer",),
+    },
+}
 
 
-def traits_for(spec) -> FamilyTraits:
-    """The traits of `spec`'s family, or UnsupportedModelError naming what is missing.
+def built_families() -> list[str]:
+    """Names of the families `keras_mha.models` builds.
 
     Example:
-        >>> traits_for(spec).kind  # doctest: +SKIP
-        'decoder'
+        >>> "gpt2" in built_families() and "t5" not in built_families()
+        True
     """
-    traits = FAMILY_TRAITS.get(spec.family)
-    if traits is None:
-        missing = _MISSING_PARTS.get(spec.family, "a block layout keras-mha does not describe")
+    return sorted(family.name for family in unique_families() if family.blocks is not None)
+
+
+def built_family(spec) -> Family:
+    """The family of `spec`, after checking that `keras_mha.models` builds this config.
+
+    Raises:
+        UnsupportedModelError: the family is only described (its module says what it
+            needs), or the config asks for a feature the blocks do not implement.
+
+    Example:
+        >>> built_family(spec).name  # doctest: +SKIP
+        'llama'
+    """
+    family = family_for(spec.family)
+    if family is None or family.blocks is None:
+        missing = family.not_built if family is not None else "a block layout"
         raise UnsupportedModelError(
             f"model_type={spec.model_type!r} (family {spec.family!r}) is not supported by "
             f"keras_mha.models: it needs {missing}; supported families are "
-            f"{sorted(FAMILY_TRAITS)}",
+            f"{built_families()}",
             value=spec.model_type,
         )
     where = f"model_type={spec.model_type!r}"
     if spec.num_experts or any(spec.moe_layers):
         raise UnsupportedModelError(f"{where}: a mixture-of-experts MLP is not supported")
-    if traits.kind == "decoder":
-        if spec.mlp_kind != "gated" or spec.position_embedding != "rope":
+    kind = family.blocks.kind
+    for name, supported in BUILT_FEATURES[kind].items():
+        value = getattr(spec, name)
+        if value not in supported:
             raise UnsupportedModelError(
-                f"{where}: keras_mha.models builds gated-MLP RoPE decoders; this config has "
-                f"mlp_kind={spec.mlp_kind!r}, position_embedding={spec.position_embedding!r}"
+                f"{where}: keras_mha.models builds {kind}s with {name} in "
+                f"{list(supported)}; this config has {name}={value!r}",
+                key=name,
+                value=value,
             )
-    else:
-        position_type = spec.raw.get("position_embedding_type", "absolute")
-        if position_type not in (None, "absolute"):
-            raise UnsupportedModelError(
-                f"{where}: position_embedding_type={position_type!r} is not supported; "
-                f"keras_mha.models builds BERT encoders with absolute positions"
-            )
-    activation_name(spec, traits)
-    return traits
+    position_type = spec.raw.get("position_embedding_type", "absolute")
+    if position_type not in (None, "absolute"):
+        raise UnsupportedModelError(
+            f"{where}: position_embedding_type={position_type!r} is not supported; "
+            f"keras_mha.models builds absolute learned positions",
+            key="position_embedding_type",
+            value=position_type,
+        )
+    activation_name(spec, family.blocks)
+    return family
 
 
-def activation_name(spec, traits: FamilyTraits) -> str:
+def activation_name(spec, blocks: Blocks) -> str:
     """The config's Hugging Face activation name, checked against `ACTIVATIONS`."""
-    name = spec.hidden_act or traits.default_activation
+    name = spec.hidden_act or blocks.default_activation
     if name not in ACTIVATIONS:
         raise UnsupportedModelError(
             f"model_type={spec.model_type!r}: hidden_act={name!r} is not supported; "
@@ -135,4 +110,4 @@ def activation_name(spec, traits: FamilyTraits) -> str:
     return name
 
 
-__all__ = ["ACTIVATIONS", "FAMILY_TRAITS", "FamilyTraits", "activation_name", "traits_for"]
+__all__ = ["ACTIVATIONS", "BUILT_FEATURES", "activation_name", "built_families", "built_family"]
