@@ -20,10 +20,12 @@ from keras_mha.cards.config_values import ConfigReader
 from keras_mha.cards.spec import from_config
 from keras_mha.errors import ConfigError
 from keras_mha.families import (
-    FAMILIES,
+    GENERIC_NAME,
+    all_families,
     family_for,
     family_module_names,
-    module_families,
+    module_family,
+    module_name,
     read_family,
     unique_families,
 )
@@ -43,11 +45,7 @@ REQUIRED_KEYS = (
     "norm_eps",
     "hidden_act",
 )
-MODULES = [name for name in family_module_names() if name != "generic"]
-
-
-def _modules():
-    return {name: importlib.import_module(f"keras_mha.families.{name}") for name in MODULES}
+MODULES = [name for name in family_module_names() if name != GENERIC_NAME]
 
 
 def _bundled_model_types():
@@ -60,24 +58,22 @@ def _bundled_model_types():
     return types
 
 
-@pytest.mark.parametrize("module_name", MODULES)
-def test_every_family_module_is_complete(module_name):
-    families = module_families(importlib.import_module(f"keras_mha.families.{module_name}"))
-    for family in families:
-        assert FAMILIES[family.name] is family, family.name
-        if family.wrapper is not None:
-            assert family_for(family.wrapper.text_model_type) is not None
-            continue
+@pytest.mark.parametrize("name", MODULES)
+def test_every_family_module_is_complete(name):
+    family = module_family(importlib.import_module(f"keras_mha.families.{name}"))
+    # The registry finds a family by the module named after it.
+    assert module_name(family.name) == name and all_families()[family.name] is family
+    if family.wrapper is not None:
+        assert family_for(family.wrapper.text_model_type) is not None
+    else:
         assert set(REQUIRED_KEYS) <= set(family.keys), family.name
         assert family.defaults, f"{family.name}: transformers' config defaults are missing"
         if family.blocks is None:
             assert family.not_built, f"{family.name}: say what keras_mha.models would need"
         else:
             assert family.weights is not None and family.head_size_in_config, family.name
-    # A bundled card of one of the module's model types.
-    bundled = _bundled_model_types()
-    model_types = {t for family in families for t in family.model_types}
-    assert model_types & set(bundled), f"{module_name}: no bundled card under cards/"
+    # A bundled card of the family (or of one of its aliases).
+    assert set(family.model_types) & set(_bundled_model_types()), f"{name}: no card in cards/"
 
 
 def test_every_family_keras_mha_builds_has_a_parity_case():
@@ -109,7 +105,7 @@ def _string_constants(tree):
 
 
 def test_no_module_outside_the_registry_names_a_family():
-    names = set(FAMILIES)
+    names = set(all_families())
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.relative_to(PACKAGE).parts[0] == "families":

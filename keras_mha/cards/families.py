@@ -1,7 +1,8 @@
 """Deprecated: the family table moved to `keras_mha.families` (one module per family).
 
-`FAMILIES` there maps every `model_type` (aliases included) to its `Family`; this module
-re-exports it, `Family` and `read_family` until 0.4.
+`keras_mha.families.all_families()` maps every `model_type` (aliases included) to its
+`Family`; this module re-exports it as `FAMILIES`, with `Family` and `read_family`, until
+0.4.
 """
 
 from keras_mha._deprecation import warn_moved

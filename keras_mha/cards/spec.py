@@ -43,10 +43,11 @@ from dataclasses import dataclass, field
 from keras_mha.cards.config_values import ConfigReader, copy_json_config, shown
 from keras_mha.errors import ConfigError
 from keras_mha.families import (
-    GENERIC,
+    GENERIC_NAME,
     VISION_TOWER_DEFAULTS,
     Family,
     family_for,
+    generic_family,
     read_family,
 )
 
@@ -216,7 +217,7 @@ class ModelSpec:
     # -- identity and head ---------------------------------------------------------------------
     model_id: str | None = None
     text_model_type: str | None = None
-    family: str = GENERIC.name
+    family: str = GENERIC_NAME
     head_kind: str = "causal_lm"
     is_decoder: bool = True
     tie_word_embeddings: bool = False
@@ -442,8 +443,8 @@ def from_config(config: Mapping[str, Any], *, model_id: str | None = None) -> Mo
         where = "text_config."
 
     family = family_for(text_model_type)
-    if family is None or family is GENERIC or family.wrapper is not None:
-        family = GENERIC
+    if family is None or family.name == GENERIC_NAME or family.wrapper is not None:
+        family = generic_family()
         message = (
             f"model_type={text_model_type or '(none)'!r} is not a family keras-mha knows; read "
             f"with the generic config keys, so the counts may be approximate"

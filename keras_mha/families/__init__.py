@@ -1,12 +1,15 @@
 """The family registry: one module per model family, each holding everything as data.
 
-Every module of this package whose name does not start with `_` is a family module and
-defines `FAMILY = Family(...)` (or `FAMILIES = (...)`): its config keys and defaults,
-validation hooks, block traits, checkpoint tensor names, export rule and, for
-multimodal wrappers, the vision side (see `_family.Family`). The registry collects them
-by listing the package, so a new family is one new file
-(docs/guides/adding-a-family.md). Nothing here imports keras or NumPy: `keras-mha
-inspect` reads it.
+Every module of this package whose name does not start with `_` is a family module,
+named after its `model_type` (`-` written `_`), and defines `FAMILY = Family(...)`: its
+config keys and defaults, validation hooks, block traits, checkpoint tensor names,
+export rule and, for multimodal wrappers, the vision side (see `_family.Family`). A new
+family is one new file (docs/guides/adding-a-family.md). Nothing here imports keras or
+NumPy: `keras-mha inspect` reads it.
+
+`family_for(model_type)` imports only the module named after the model type; the other
+modules are read when asked for all families (`all_families()`) or for a model type
+that is an alias (Falcon's `RefinedWeb`) or unknown, so `inspect` stays fast.
 
 Example:
     >>> from keras_mha.families import family_for
@@ -23,6 +26,12 @@ from importlib import import_module
 
 from keras_mha.families._family import Blocks, Family, Wrapper, read_family
 from keras_mha.families._vision import VISION_TOWER_DEFAULTS
+
+GENERIC_NAME = "generic"
+
+# model_type (aliases included) -> family, for the modules imported so far.
+_LOADED: dict[str, Family] = {}
+_ALL_LOADED = False
 
 
 def family_module_names() -> tuple[str, ...]:
@@ -42,37 +51,60 @@ def family_module_names() -> tuple[str, ...]:
     )
 
 
-def module_families(module) -> tuple[Family, ...]:
-    """The families a family module defines (`FAMILY`, or the tuple `FAMILIES`)."""
-    families = getattr(module, "FAMILIES", None)
-    if families is None:
-        families = (getattr(module, "FAMILY", None),)
-    if not families or not all(isinstance(family, Family) for family in families):
+def module_name(model_type: str) -> str:
+    """The module a family of this name lives in (`xlm-roberta` -> `xlm_roberta`).
+
+    Example:
+        >>> module_name("xlm-roberta")
+        'xlm_roberta'
+    """
+    return model_type.replace("-", "_")
+
+
+def module_family(module) -> Family:
+    """The `FAMILY` a family module defines (TypeError when it defines none)."""
+    family = getattr(module, "FAMILY", None)
+    if not isinstance(family, Family):
         raise TypeError(
-            f"{module.__name__}: a family module defines FAMILY = Family(...) or "
-            f"FAMILIES = (Family(...), ...); see docs/guides/adding-a-family.md"
+            f"{module.__name__}: a family module defines FAMILY = Family(...); see "
+            f"docs/guides/adding-a-family.md"
         )
-    return tuple(families)
+    return family
 
 
-def _collect() -> dict[str, Family]:
-    registry: dict[str, Family] = {}
-    for name in family_module_names():
-        for family in module_families(import_module(f"{__name__}.{name}")):
-            for model_type in family.model_types:
-                if model_type in registry:
-                    raise RuntimeError(
-                        f"model_type {model_type!r} is claimed by families "
-                        f"{registry[model_type].name!r} and {family.name!r}"
-                    )
-                registry[model_type] = family
-    return registry
+def _load(name: str) -> Family | None:
+    """Import family module `name` and register its model types; None when there is none."""
+    full_name = f"{__name__}.{name}"
+    try:
+        module = import_module(full_name)
+    except ModuleNotFoundError as error:
+        if error.name != full_name:
+            raise
+        return None
+    family = module_family(module)
+    for model_type in family.model_types:
+        claimed = _LOADED.setdefault(model_type, family)
+        if claimed is not family:
+            raise RuntimeError(
+                f"model_type {model_type!r} is claimed by families {claimed.name!r} and "
+                f"{family.name!r}"
+            )
+    return family
 
 
-# model_type (aliases included) -> its family.
-FAMILIES: dict[str, Family] = _collect()
-GENERIC = FAMILIES["generic"]
-KNOWN_MODEL_TYPES = frozenset(FAMILIES) - {"generic"}
+def all_families() -> dict[str, Family]:
+    """Every `model_type` keras-mha knows (aliases included) -> its family.
+
+    Example:
+        >>> all_families()["RefinedWebModel"].name
+        'falcon'
+    """
+    global _ALL_LOADED
+    if not _ALL_LOADED:
+        for name in family_module_names():
+            _load(name)
+        _ALL_LOADED = True
+    return dict(_LOADED)
 
 
 def family_for(model_type: str) -> Family | None:
@@ -80,9 +112,23 @@ def family_for(model_type: str) -> Family | None:
 
     Example:
         >>> family_for("xlm-roberta").name, family_for("no-such-model") is None
-        ('roberta', True)
+        ('xlm-roberta', True)
     """
-    return FAMILIES.get(model_type)
+    if not isinstance(model_type, str):
+        return None
+    if model_type not in _LOADED and not _ALL_LOADED:
+        name = module_name(model_type)
+        # Only a plain, public module name is tried: a config's model_type is untrusted.
+        if name.isidentifier() and not name.startswith("_"):
+            _load(name)
+        if model_type not in _LOADED:
+            all_families()
+    return _LOADED.get(model_type)
+
+
+def generic_family() -> Family:
+    """The fallback for a model type no family claims (read with every spelling)."""
+    return family_for(GENERIC_NAME)
 
 
 def unique_families() -> list[Family]:
@@ -93,22 +139,34 @@ def unique_families() -> list[Family]:
         True
     """
     seen: dict[str, Family] = {}
-    for family in FAMILIES.values():
+    for family in all_families().values():
         seen.setdefault(family.name, family)
     return list(seen.values())
 
 
+def __getattr__(name):
+    # Whole-registry views, computed on first use (importing every module costs `inspect`).
+    if name == "FAMILIES":
+        return all_families()
+    if name == "KNOWN_MODEL_TYPES":
+        return frozenset(all_families()) - {GENERIC_NAME}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "FAMILIES",
-    "GENERIC",
+    "GENERIC_NAME",
     "KNOWN_MODEL_TYPES",
     "VISION_TOWER_DEFAULTS",
     "Blocks",
     "Family",
     "Wrapper",
+    "all_families",
     "family_for",
     "family_module_names",
-    "module_families",
+    "generic_family",
+    "module_family",
+    "module_name",
     "read_family",
     "unique_families",
 ]

@@ -1,8 +1,7 @@
 """The shape of a family module's data: `Family`, its `Blocks` and its multimodal `Wrapper`.
 
-A family module (`keras_mha/families/<name>.py`) defines `FAMILY = Family(...)` (or
-`FAMILIES = (...)` when one file holds several model types, such as Gemma 3's text model
-and its multimodal wrapper). Everything keras-mha knows about the family is a field:
+A family module (`keras_mha/families/<model_type>.py`) defines `FAMILY = Family(...)`.
+Everything keras-mha knows about the family is a field:
 
 - reading its `config.json` (`keys`, `traits`, `switches`, `window`, `moe`,
   `ffn_factor`, `hooks`, `defaults`; `read_family` applies them);
@@ -24,12 +23,12 @@ Example:
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from keras_mha.errors import ConfigError
 from keras_mha.families import _rules as rules
-from keras_mha.families._weights import WeightNames
 
 # How a family's config states the head size, which decides how a pruned model exports
 # (see `keras_mha.models.export`): the config has a `head_dim` key ("explicit"), has one
@@ -39,8 +38,19 @@ HEAD_SIZE_LAYOUTS = ("explicit", "explicit_divisor", "derived")
 BLOCK_KINDS = ("decoder", "encoder")
 
 
-@dataclass(frozen=True)
-class Blocks:
+# Named tuples, not dataclasses: `keras-mha inspect` imports these, and a dataclass costs
+# about a millisecond to define.
+_BLOCK_FIELDS = (
+    "kind",
+    "default_activation",
+    "default_norm_epsilon",
+    "norm_scale_offset",
+    "embedding_scale",
+    "sandwich_norms",
+)
+
+
+class Blocks(namedtuple("Blocks", _BLOCK_FIELDS, defaults=("silu", 1e-6, 0.0, False, False))):
     """What `keras_mha.models` needs beyond the `ModelSpec` to build a family's blocks.
 
     The spec already says the norm type and bias, MLP kind and biases, positions (RoPE,
@@ -59,22 +69,32 @@ class Blocks:
     Example:
         >>> Blocks("decoder", norm_scale_offset=1.0).norm_scale_offset
         1.0
+        >>> Blocks("decoder")._replace(sandwich_norms=True).sandwich_norms
+        True
     """
 
-    kind: str
-    default_activation: str = "silu"
-    default_norm_epsilon: float = 1e-6
-    norm_scale_offset: float = 0.0
-    embedding_scale: bool = False
-    sandwich_norms: bool = False
+    __slots__ = ()
 
-    def __post_init__(self):
-        if self.kind not in BLOCK_KINDS:
-            raise ValueError(f"Blocks.kind={self.kind!r}; expected one of {list(BLOCK_KINDS)}")
+    def __new__(cls, kind: str, *args, **kwargs):
+        if kind not in BLOCK_KINDS:
+            raise ValueError(f"Blocks.kind={kind!r}; expected one of {list(BLOCK_KINDS)}")
+        return super().__new__(cls, kind, *args, **kwargs)
 
 
-@dataclass(frozen=True)
-class Wrapper:
+_WRAPPER_FIELDS = (
+    "text_model_type",
+    "vision_model_type",
+    "tie_word_embeddings",
+    "projector_parameters",
+    "read_projector",
+)
+
+
+def _no_projector_fields(top) -> dict:
+    return {}
+
+
+class Wrapper(namedtuple("Wrapper", _WRAPPER_FIELDS, defaults=(_no_projector_fields,))):
     """A multimodal wrapper config (Gemma 3, LLaVA, PaliGemma) around a language model.
 
     Attributes:
@@ -90,11 +110,7 @@ class Wrapper:
             `projection_dim`).
     """
 
-    text_model_type: str
-    vision_model_type: str
-    tie_word_embeddings: bool | None
-    projector_parameters: Callable[[object, int], int]
-    read_projector: Callable[[object], dict] = lambda top: {}
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -146,7 +162,7 @@ class Family:
     base_pooler: bool = False
     blocks: Blocks | None = None
     not_built: str = "a block layout keras-mha does not describe"
-    weights: WeightNames | None = None
+    weights: object = None  # a `_weights.WeightNames`
     head_size_in_config: str | None = None
     wrapper: Wrapper | None = None
 

@@ -1,12 +1,13 @@
-"""Config rules several families share: layer layouts, MoE layouts, RoPE objects.
+"""Config rules several families share: layer layouts, MoE layouts, RoPE objects, MLA.
 
 `read_family` (in `_family.py`) reads what every family declares as data; what cannot be
 a table entry and serves more than one family lives here, one small function per rule,
 each reading through the same `ConfigReader` (so every value is validated the same
 way): how `sliding_window`, `layer_types` and the Qwen/Gemma patterns lay out layer
-kinds, how each MoE family places its experts, and what a `rope_scaling` object may
-hold. A rule of one family only (Falcon's KV heads, GPT-2's positions, ...) is a hook
-in that family's own module.
+kinds, how each MoE family places its experts, what a `rope_scaling` object may hold,
+and multi-head latent attention (DeepSeek's, read for any config with `kv_lora_rank`).
+A rule of one family only (Falcon's KV heads, GPT-2's positions, ...) is a hook in that
+family's own module.
 
 Example:
     >>> repeat_pattern(("sliding",) * 5 + ("full",), 8)
@@ -15,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 # `layer_types` strings (transformers' convention) -> the three kinds used here.
@@ -273,9 +275,40 @@ MOE_RULES = {
     "jamba": _moe_jamba,
 }
 
+# -- multi-head latent attention ----------------------------------------------------------------
+
+
+def mla(reader, fields: dict) -> None:
+    """DeepSeek's multi-head latent attention (also for any config with `kv_lora_rank`)."""
+    if reader.lookup("kv_lora_rank")[0] is None:
+        return
+    fields["kv_lora_rank"] = reader.integer("kv_lora_rank", "width")
+    fields["q_lora_rank"] = reader.integer("q_lora_rank", "width", default=None, nullable=True)
+    rope = fields["qk_rope_head_dim"] = reader.integer("qk_rope_head_dim", "width")
+    nope = fields["qk_nope_head_dim"] = reader.integer("qk_nope_head_dim", "width")
+    fields["value_head_dim"] = reader.integer("v_head_dim", "width")
+    # The latent is expanded into one key/value head per query head.
+    fields["num_key_value_heads"] = fields["num_attention_heads"]
+    reader.found["num_key_value_heads"] = reader.found["num_attention_heads"]
+    fields["head_dim"] = rope + nope
+    # MLA's biases (with attention_bias) sit on q_a_proj (only with a query LoRA),
+    # kv_a_proj_with_mqa and o_proj; q_b_proj, kv_b_proj and a plain q_proj have none.
+    bias = fields["o_bias"]
+    fields.update(q_bias=bias and fields["q_lora_rank"] is not None, k_bias=bias, v_bias=False)
+    scale = (rope + nope) ** -0.5
+    scaling = fields.get("rope_scaling") or {}
+    mscale_all_dim, factor = scaling.get("mscale_all_dim") or 0, scaling.get("factor") or 1.0
+    if mscale_all_dim and factor > 1:
+        # YaRN: the softmax scale grows with mscale^2 (DeepSeek's yarn_get_mscale).
+        mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    fields["attention_scale"] = scale
+
+
 __all__ = [
     "LAYER_TYPE_KINDS",
     "explicit_layer_kinds",
+    "mla",
     "MOE_RULES",
     "derived_head_dim",
     "repeat_pattern",

@@ -38,7 +38,7 @@ Example:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from collections import namedtuple
 
 TRANSFORM_NAMES = (
     "identity",
@@ -58,8 +58,9 @@ TRANSFORM_NAMES = (
 QKV = ("query", "key", "value")
 
 
-@dataclass(frozen=True)
-class WeightRule:
+# Named tuples, not dataclasses: `keras-mha inspect` imports these, and a dataclass costs
+# about a millisecond to define (its methods are compiled with `exec`).
+class WeightRule(namedtuple("WeightRule", "hub variables transform", defaults=("identity",))):
     """One Hub tensor and the model variable(s) it becomes.
 
     Attributes:
@@ -69,13 +70,12 @@ class WeightRule:
         transform: one of `TRANSFORM_NAMES`.
     """
 
-    hub: str
-    variables: tuple[str, ...]
-    transform: str = "identity"
+    __slots__ = ()
 
-    def __post_init__(self):
-        if self.transform not in TRANSFORM_NAMES:
-            raise ValueError(f"WeightRule({self.hub!r}): unknown transform {self.transform!r}")
+    def __new__(cls, hub: str, variables: tuple[str, ...], transform: str = "identity"):
+        if transform not in TRANSFORM_NAMES:
+            raise ValueError(f"WeightRule({hub!r}): unknown transform {transform!r}")
+        return super().__new__(cls, hub, tuple(variables), transform)
 
     @property
     def per_layer(self) -> bool:
@@ -96,22 +96,19 @@ class WeightRule:
         return re.compile(text)
 
 
-@dataclass(frozen=True)
-class BoundRule:
+class BoundRule(namedtuple("BoundRule", "rule hub_name variables layer")):
     """A rule for one concrete Hub tensor (prefix and layer filled in)."""
 
-    rule: WeightRule
-    hub_name: str
-    variables: tuple[str, ...]
-    layer: int | None
+    __slots__ = ()
 
     @property
     def transform(self) -> str:
         return self.rule.transform
 
 
-@dataclass(frozen=True)
-class WeightNames:
+class WeightNames(
+    namedtuple("WeightNames", "prefixes anchor rules ignored buffers", defaults=((), ()))
+):
     """A family's checkpoint layout.
 
     Attributes:
@@ -126,11 +123,7 @@ class WeightNames:
             buffers, position ids): skipped when loading, never written.
     """
 
-    prefixes: tuple[str, ...]
-    anchor: str
-    rules: tuple[WeightRule, ...]
-    ignored: tuple[str, ...] = ()
-    buffers: tuple[str, ...] = ()
+    __slots__ = ()
 
     def rule_for(self, hub_name: str, *, prefix: str) -> BoundRule | None:
         """The rule (bound to its layer) that `hub_name` belongs to, or None."""
@@ -157,7 +150,7 @@ class WeightNames:
 
     def with_prefixes(self, *prefixes: str, **changes) -> WeightNames:
         """The same layout under other stems (and other fields `changes`)."""
-        return replace(self, prefixes=prefixes, **changes)
+        return self._replace(prefixes=prefixes, **changes)
 
 
 # -- layouts several families share ---------------------------------------------------------------

@@ -9,8 +9,6 @@ Example:
     (True, 'alternate')
 """
 
-from dataclasses import replace
-
 from keras_mha.families._presets import llama_like
 from keras_mha.families._weights import SANDWICH_NORMS, llama_style
 from keras_mha.families.gemma import BLOCKS as GEMMA_BLOCKS
@@ -25,7 +23,7 @@ def gemma_scale_and_caps(reader, fields: dict) -> None:
     fields["final_logit_softcapping"] = reader.number("final_logit_softcapping")
 
 
-BLOCKS = replace(GEMMA_BLOCKS, sandwich_norms=True)
+BLOCKS = GEMMA_BLOCKS._replace(sandwich_norms=True)
 
 FAMILY = llama_like(
     "gemma2",

@@ -16,7 +16,7 @@ from keras_mha.families._presets import (
     LLAMA_KEYS,
     llama_like,
 )
-from keras_mha.families.deepseek import mla
+from keras_mha.families._rules import mla
 
 FAMILY = llama_like(
     "generic",

@@ -12,7 +12,6 @@ Example:
 
 from dataclasses import replace
 
-from keras_mha.families._family import Family
 from keras_mha.families._weights import attention_only, fused_qkv, output_projection
 from keras_mha.families.gpt2 import FAMILY as GPT2
 from keras_mha.families.gpt2 import gpt2
@@ -26,22 +25,11 @@ def multi_query(reader, fields: dict) -> None:
 
 _ATTENTION = "{prefix}h.{layer}.attn"
 
-FAMILY: Family = replace(
+FAMILY = replace(
     GPT2,
     name="gpt_bigcode",
     hooks=(gpt2, multi_query),
-    defaults={
-        "vocab_size": 50257,
-        "n_positions": 1024,
-        "n_embd": 768,
-        "n_layer": 12,
-        "n_head": 12,
-        "activation_function": "gelu_pytorch_tanh",
-        "layer_norm_epsilon": 1e-5,
-        "scale_attn_weights": True,
-        "multi_query": True,
-        "tie_word_embeddings": True,
-    },
+    defaults={**GPT2.defaults, "activation_function": "gelu_pytorch_tanh", "multi_query": True},
     blocks=None,
     not_built="GPT-2 blocks with multi-query attention (only its attention layers load)",
     weights=attention_only(

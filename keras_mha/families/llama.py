@@ -11,8 +11,8 @@ Example:
 """
 
 from keras_mha.families._presets import ATTENTION_BIAS, LLAMA_BLOCKS, llama_like
+from keras_mha.families._rules import mla
 from keras_mha.families._weights import llama_style
-from keras_mha.families.deepseek import mla
 
 FAMILY = llama_like(
     "llama",

@@ -10,6 +10,7 @@ Example:
 
 from keras_mha.families._presets import NO_BIASES, llama_like
 from keras_mha.families._weights import LLAMA_PREFIXES, attention_only, projections
+from keras_mha.families.mistral import FAMILY as MISTRAL
 
 FAMILY = llama_like(
     "mixtral",
@@ -17,16 +18,8 @@ FAMILY = llama_like(
     switches={},
     moe="mixtral",
     defaults={
-        "vocab_size": 32000,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "hidden_act": "silu",
-        "max_position_embeddings": 131072,
+        **MISTRAL.defaults,
         "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
         "rope_theta": 1000000.0,
         "sliding_window": None,
         "num_local_experts": 8,

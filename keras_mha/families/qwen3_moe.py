@@ -17,6 +17,7 @@ FAMILY = llama_like(
     traits={"qk_norm": "rms"},
     window="qwen",
     moe="qwen3_moe",
+    # Qwen3MoeConfig's own defaults: no head_dim (hidden / heads) and no max_window_layers.
     defaults={
         "vocab_size": 151936,
         "hidden_size": 2048,

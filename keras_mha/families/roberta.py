@@ -1,16 +1,15 @@
-"""RoBERTa and XLM-RoBERTa (FacebookAI/roberta-*, FacebookAI/xlm-roberta-*): BERT's
-encoder with position ids offset by the padding index.
+"""RoBERTa (FacebookAI/roberta-*): BERT's encoder with position ids offset by the
+padding index.
 
 RoBERTa numbers the positions of the tokens that are not `pad_token_id` from
 `pad_token_id + 1` on, and gives padding the position `pad_token_id`:
 `position_ids = cumsum(mask) * mask + pad_token_id` with `mask = token_ids !=
 pad_token_id`, as transformers' `RobertaEmbeddings` does; so its position table has
-`pad_token_id + 1` more rows than the longest input (514 for 512 tokens). XLM-RoBERTa
-is the same model with another vocabulary (and another config class default for it).
+`pad_token_id + 1` more rows than the longest input (514 for 512 tokens).
 
 Example:
-    >>> ROBERTA.weights.prefixes, XLM_ROBERTA.defaults["vocab_size"]
-    (('', 'roberta.'), 30522)
+    >>> FAMILY.weights.prefixes, FAMILY.defaults["pad_token_id"]
+    (('', 'roberta.'), 1)
 """
 
 from dataclasses import replace
@@ -33,24 +32,12 @@ def padding_offset_positions(reader, fields: dict) -> None:
     fields["position_padding_idx"] = padding
 
 
-ROBERTA = replace(
+FAMILY = replace(
     BERT,
     name="roberta",
     hooks=(bert, padding_offset_positions),
-    defaults={
-        "vocab_size": 50265,
-        "hidden_size": 768,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "intermediate_size": 3072,
-        "hidden_act": "gelu",
-        "max_position_embeddings": 512,
-        "type_vocab_size": 2,
-        "layer_norm_eps": 1e-12,
-        "pad_token_id": 1,
-        "is_decoder": False,
-        "tie_word_embeddings": True,
-    },
+    # RobertaConfig's defaults are BertConfig's, with RoBERTa's vocabulary and padding id.
+    defaults={**BERT.defaults, "vocab_size": 50265, "pad_token_id": 1},
     # RobertaForMaskedLM keeps its head in lm_head.*; task heads in classifier.* / qa_outputs.*.
     weights=BERT.weights.with_prefixes(
         "",
@@ -58,8 +45,3 @@ ROBERTA = replace(
         ignored=(r"(^|\.)pooler\.", r"^lm_head\.", r"^classifier\.", r"^qa_outputs\."),
     ),
 )
-XLM_ROBERTA = replace(
-    ROBERTA, name="xlm-roberta", defaults={**ROBERTA.defaults, "vocab_size": 30522}
-)
-
-FAMILIES = (ROBERTA, XLM_ROBERTA)
