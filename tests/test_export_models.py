@@ -132,6 +132,19 @@ def _keras_greedy(model, token_ids, steps):
     return tokens
 
 
+def _assert_same_greedy_tokens(model, reference, steps):
+    """Greedy continuations of the first 4 tokens: the Keras model's equal transformers'."""
+    with torch.no_grad():
+        generated = reference.generate(
+            torch.tensor(TOKENS[:, :4], dtype=torch.long),
+            max_new_tokens=steps,
+            do_sample=False,
+            attention_mask=torch.ones((2, 4), dtype=torch.long),
+            pad_token_id=0,
+        ).numpy()
+    np.testing.assert_array_equal(_keras_greedy(model, TOKENS[:, :4], steps), generated)
+
+
 def _prune(model, heads):
     return prune_heads(model, heads={path: heads for path in find_attention_layers(model)})
 
@@ -175,15 +188,7 @@ def test_explicit_head_dim_exports_smaller(
     assert summary.parameters == sum(p.numel() for p in reference.parameters())
     np.testing.assert_allclose(_keras_outputs(model), logits, atol=ATOL, rtol=0)
     # Greedy decoding agrees token for token.
-    with torch.no_grad():
-        generated = reference.generate(
-            torch.tensor(TOKENS[:, :4], dtype=torch.long),
-            max_new_tokens=6,
-            do_sample=False,
-            attention_mask=torch.ones((2, 4), dtype=torch.long),
-            pad_token_id=0,
-        ).numpy()
-    np.testing.assert_array_equal(_keras_greedy(model, TOKENS[:, :4], 6), generated)
+    _assert_same_greedy_tokens(model, reference, 6)
     if family == "qwen2":
         # Round trip: from_pretrained of the export gives the pruned model's outputs.
         np.testing.assert_allclose(
@@ -311,12 +316,4 @@ def test_new_families_export_pruned_heads_that_transformers_loads(tmp_path_facto
     assert summary.parameters == sum(p.numel() for p in reference.parameters())
     np.testing.assert_allclose(_keras_outputs(model), outputs, atol=ATOL, rtol=0)
     if not encoder:
-        with torch.no_grad():
-            generated = reference.generate(
-                torch.tensor(TOKENS[:, :4], dtype=torch.long),
-                max_new_tokens=5,
-                do_sample=False,
-                attention_mask=torch.ones((2, 4), dtype=torch.long),
-                pad_token_id=0,
-            ).numpy()
-        np.testing.assert_array_equal(_keras_greedy(model, TOKENS[:, :4], 5), generated)
+        _assert_same_greedy_tokens(model, reference, 5)

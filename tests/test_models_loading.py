@@ -170,6 +170,15 @@ def test_bad_arguments_are_named(llama, call, message):
     assert "\n" not in str(error.value)
 
 
+def test_learned_positions_bound_the_length(tmp_path_factory):
+    _, model = loaded(tmp_path_factory, "gpt2")  # n_positions=32
+    with pytest.raises(ValueError, match=r"token_ids needs 40 positions; .*=32") as error:
+        model(np.ones((1, 40), dtype="int32"))
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=r"the prompt and max_new_tokens needs 35 positions"):
+        generate(model, [[5] * 30], 5)
+
+
 # -- the inverse direction of the weight-name table -----------------------------------------------
 
 
