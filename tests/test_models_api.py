@@ -151,6 +151,7 @@ TRAIT_CONFIGS = {
 }
 
 
+@pytest.mark.backend_independent  # serialisation; the outputs per backend: test_models_parity
 @pytest.mark.parametrize("family", list(TRAIT_CONFIGS))
 def test_block_traits_survive_the_keras_file(tmp_path, family):
     config = {"vocab_size": 50, **TRAIT_CONFIGS[family]}
