@@ -9,7 +9,12 @@ Example:
     >>> layer = keras_mha.GroupedQueryAttention(num_heads=8, num_key_value_heads=2)
 """
 
+from keras_mha import moved_paths
+
 __version__ = "0.2.0"
+
+# The module paths that moved in 0.3 keep importing, with a DeprecationWarning.
+moved_paths.install()
 
 # Names resolved lazily (PEP 562) so `import keras_mha` never imports keras.
 _LAZY_LAYER_EXPORTS = (

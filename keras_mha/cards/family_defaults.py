@@ -4,14 +4,14 @@
 This module rebuilds the 0.2 mapping from them until 0.4.
 """
 
-from keras_mha._deprecation import warn_moved
-from keras_mha.families import FAMILIES, VISION_TOWER_DEFAULTS
+from keras_mha.families import VISION_TOWER_DEFAULTS, all_families
 from keras_mha.families.dbrx import DBRX_ATTN_DEFAULTS
+from keras_mha.moved_paths import warn_rebuilt
 
-warn_moved("keras_mha.cards.family_defaults", "keras_mha.families.family_for(t).defaults")
+warn_rebuilt("keras_mha.cards.family_defaults", "keras_mha.families (each Family.defaults)")
 
 FAMILY_DEFAULTS = {
-    **{name: dict(family.defaults) for name, family in FAMILIES.items() if family.defaults},
+    **{name: dict(family.defaults) for name, family in all_families().items() if family.defaults},
     **VISION_TOWER_DEFAULTS,
 }
 

@@ -1,5 +1,9 @@
-"""`keras-mha` subcommands, one module each, exposing `add_parser(subparsers)` and
-`run(arguments) -> int`; `keras_mha.cli` only registers them.
+"""`keras-mha` subcommands, one module each (`inspect`, `cards`, `compare`, `prune`,
+`heads`, `bench`), exposing `add_parser(subparsers)` and `run`; `keras_mha.cli` only registers
+them (`cli.COMMANDS`). `run(arguments) -> int` takes the parsed arguments, except
+`bench.run(argv)`, whose arguments belong to the benchmark it runs. Shared pieces:
+`options` (flags of `inspect` and `compare`), `arguments` (one-line argparse errors),
+`output` (stdout and one-line errors).
 
 Example:
     >>> from keras_mha.commands import compare

@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
 from keras_mha.commands import options
+from keras_mha.commands.output import write_stdout
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 PLOT_FORMATS = (".png", ".svg", ".pdf")
@@ -120,8 +122,6 @@ def run(arguments: argparse.Namespace) -> int:
         >>> run(arguments)  # doctest: +SKIP
         0
     """
-    from keras_mha.cli import write_stdout
-
     comparison = build_comparison(arguments)
     if arguments.plot:
         plot_comparison(comparison, arguments.plot, total=arguments.plot_total,
@@ -168,10 +168,10 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
     """
     import warnings
 
-    from keras_mha.cards import report as reports
-    from keras_mha.cards.hub import load_config
+    from keras_mha.cards.rendering import report as reports
     from keras_mha.cards.spec import from_config
     from keras_mha.errors import KerasMHAError
+    from keras_mha.hub.config import load_config
 
     _check_arguments(arguments)
     request = options.memory_request(arguments)
@@ -220,8 +220,6 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
 
 
 def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
-    from keras_mha.cards.report import format_bytes, format_count
-
     reports = comparison["models"]
 
     def each(function) -> list[str]:
@@ -249,7 +247,7 @@ def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
         ("head dim", each(lambda r: str(r["attention"]["head_dim"]))),
         ("attention layers", each(layers)),
         ("parameters", each(lambda r: format_count(r["parameters"]["total"]))),
-        ("context length", each(lambda r: _thousands(r.get("context_length")))),
+        ("context length", each(lambda r: format_thousands(r.get("context_length")))),
         ("KV per token", each(lambda r: kv(r, "bytes_per_token"))),
         (f"KV next token at {seq_len:,}", each(lambda r: kv(r, "marginal_bytes_per_token"))),
         (f"KV cache at {seq_len:,} x {batch}", each(lambda r: kv(r, "total_bytes"))),
@@ -267,10 +265,6 @@ def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
             ("training fits", each(lambda r: _yes_no(r["fits"]))),
         ]
     return rows
-
-
-def _thousands(value) -> str:
-    return f"{value:,}" if isinstance(value, int) else "-"
 
 
 def _length(fits: dict) -> str:
@@ -299,8 +293,6 @@ def _title(comparison: dict) -> str:
         f"KV cache {comparison['kv_dtype']}, weights {comparison['weights_dtype']}"
     )
     if comparison["memory_bytes"] is not None:
-        from keras_mha.cards.report import format_bytes
-
         where = comparison["gpu"] or "--memory"
         title += f"; fits in {where} ({format_bytes(comparison['memory_bytes'])})"
     return title
@@ -360,13 +352,13 @@ def render(comparison: dict, output_format: str) -> str:
 
 def _terminal(text) -> str:
     # Model ids and paths come from the command line or a Hub answer: shown, never obeyed.
-    from keras_mha.cards.report import terminal_text
+    from keras_mha.cards.rendering.report import terminal_text
 
     return terminal_text(text)
 
 
 def _markdown(text) -> str:
-    from keras_mha.cards.report import markdown_text
+    from keras_mha.cards.rendering.report import markdown_text
 
     return markdown_text(text)
 
@@ -405,7 +397,7 @@ def plot_series(comparison: dict, *, total: bool, max_seq_len: int | None) -> di
         ([1024, 2048, 4096], 37748736)
     """
     from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.memory import serving_bytes_function
+    from keras_mha.cards.planner.memory import serving_bytes_function
 
     reports, specs = comparison["models"], comparison["_specs"]
     if max_seq_len is None:

@@ -193,7 +193,7 @@ def load_for_pruning(source, *, dtype=None, revision=None, token=None):
 def _fetch_hub_files(model_id, revision, token):
     """The HF-cache snapshot folder of `model_id`, with its tokenizer files fetched (through
     `hub_file`, which checks every name the endpoint sends before writing)."""
-    from keras_mha.cards.hub_files import hub_file
+    from keras_mha.hub.files import hub_file
 
     folder = None
     for name in ("config.json", *COPIED_FILES):
@@ -393,7 +393,7 @@ def _source_extras(model, written, dtype_name):
     """Tensors of the source checkpoint the model does not hold but that do not depend on
     the heads (BERT's pooler, a masked-LM head): copied as they are, so transformers finds
     every weight it had. Buffers (rotary caches, position ids) are not weights: left out."""
-    from keras_mha.models.checkpoint_weights import SafetensorsCheckpoint
+    from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
     from keras_mha.models.weight_names import model_weight_names
 
     directory = source_directory(model)

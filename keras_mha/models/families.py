@@ -2,12 +2,12 @@
 (`Family.blocks`), the checks to `keras_mha.models.supported`. Re-exported until 0.4.
 """
 
-from keras_mha._deprecation import warn_moved
 from keras_mha.families import Blocks as FamilyTraits
 from keras_mha.families import unique_families
 from keras_mha.models.supported import ACTIVATIONS, activation_name, built_family
+from keras_mha.moved_paths import warn_rebuilt
 
-warn_moved("keras_mha.models.families", "keras_mha.families and keras_mha.models.supported")
+warn_rebuilt("keras_mha.models.families", "keras_mha.families (each Family.blocks)")
 
 FAMILY_TRAITS = {family.name: family.blocks for family in unique_families() if family.blocks}
 

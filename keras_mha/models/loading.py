@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
-from keras_mha.models.checkpoint_weights import (
+from keras_mha.models.safetensors_reader import (
     INDEX_FILE_NAME,
     SINGLE_FILE_NAME,
     SafetensorsCheckpoint,
@@ -58,7 +58,7 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         UnsupportedModelError: a family or feature keras_mha.models does not build.
 
     Example:
-        >>> from keras_mha.cards import load_config
+        >>> from keras_mha.hub import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:Qwen/Qwen2.5-0.5B").config)
         >>> build_model(spec).count_params()  # doctest: +SKIP
@@ -179,7 +179,7 @@ def _local_directory(source: str, revision) -> Path | None:
 
 def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
     """(config, folder of the safetensors files) of a Hub id, through the HF cache."""
-    from keras_mha.cards.hub import load_config
+    from keras_mha.hub.config import load_config
 
     loaded = load_config(source, revision=revision, token=token)
     if loaded.source != "hub":
@@ -188,7 +188,7 @@ def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
             f"({loaded.note}); a bundled card has a config but no weights",
             model_id=source,
         )
-    from keras_mha.cards.hub_files import hub_file
+    from keras_mha.hub.files import hub_file
 
     # The commit the config came from: its files are fetched at that exact commit (and a
     # cached one is never fetched again); hub_file checks every name the server sends.
@@ -416,8 +416,8 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
         >>> model(np.array([[1, 2, 3]])).shape  # doctest: +SKIP
         (1, 3, 100)
     """
-    from keras_mha.cards.hub import read_config_file
     from keras_mha.cards.spec import from_config
+    from keras_mha.hub.config import read_config_file
     from keras_mha.models.deferred import deferred_variables
 
     if not isinstance(source, (str, Path)) or not str(source).strip():

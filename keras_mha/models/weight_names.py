@@ -300,15 +300,11 @@ def hub_tensors(model):
 def __getattr__(name):
     # 0.2 kept the tables here; they are each family module's `weights` now.
     if name == "FAMILY_WEIGHT_NAMES":
-        import warnings
-
         from keras_mha.families import unique_families
+        from keras_mha.moved_paths import warn_rebuilt
 
-        warnings.warn(
-            "keras_mha.models.weight_names.FAMILY_WEIGHT_NAMES is deprecated: each family's "
-            "table is keras_mha.families.family_for(model_type).weights",
-            DeprecationWarning,
-            stacklevel=2,
+        warn_rebuilt(
+            f"{__name__}.FAMILY_WEIGHT_NAMES", "keras_mha.families.family_for(model_type).weights"
         )
         return {f.name: f.weights for f in unique_families() if f.weights is not None}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,7 @@ is the only backend-specific code of the pruning package:
   gate variable to a leaf tensor with `requires_grad=True`; `torch.autograd.grad`.
 - TensorFlow: the same scope with gate tensors watched by a `tf.GradientTape`.
 
-`tests/test_pruning_gradients.py` checks each branch against central finite
+`tests/pruning/test_gradients.py` checks each branch against central finite
 differences (taken by writing the gate variables and running plain forward
 passes) and the three branches against each other.
 """

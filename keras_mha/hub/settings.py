@@ -1,0 +1,128 @@
+"""How keras-mha reads the Hub settings huggingface_hub reads: offline mode, the endpoint,
+the deadline of one exchange and the token, from the arguments first and the environment
+(`HF_HUB_OFFLINE`, `HF_ENDPOINT`, `HF_HUB_ETAG_TIMEOUT`, `HF_TOKEN`) at call time.
+
+Example:
+    >>> deadline_seconds(DEFAULT_TIMEOUT_SECONDS)
+    10.0
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from keras_mha.errors import InvalidTokenError, UsageError
+from keras_mha.hub.inputs import validate_token
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+#: The longest `timeout` accepted (a day); anything longer is a typo, not a wish.
+MAX_TIMEOUT_SECONDS = 86400.0
+
+_TRUE_STRINGS = {"1", "on", "yes", "true"}
+
+
+def env_flag(name: str) -> bool:
+    """Whether the environment variable `name` is set to a true value (1, on, yes, true).
+
+    Example:
+        >>> from unittest import mock
+        >>> with mock.patch.dict("os.environ", {"DEMO_FLAG": " Yes "}):
+        ...     env_flag("DEMO_FLAG")
+        True
+    """
+    return os.environ.get(name, "").strip().lower() in _TRUE_STRINGS
+
+
+def offline_requested() -> bool:
+    """Whether `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`) asks for offline mode.
+
+    Example:
+        >>> from unittest import mock
+        >>> with mock.patch.dict("os.environ", {"HF_HUB_OFFLINE": "1"}):
+        ...     offline_requested()
+        True
+    """
+    # Read the environment at call time: huggingface_hub reads HF_HUB_OFFLINE once, at import.
+    return env_flag("HF_HUB_OFFLINE") or env_flag("TRANSFORMERS_OFFLINE")
+
+
+def configured_endpoint() -> str | None:
+    """`HF_ENDPOINT` when set, else None (huggingface_hub's default, huggingface.co).
+
+    Example:
+        >>> from unittest import mock
+        >>> with mock.patch.dict("os.environ", {"HF_ENDPOINT": "https://hub.example"}):
+        ...     configured_endpoint()
+        'https://hub.example'
+    """
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def deadline_seconds(timeout: float) -> float:
+    """The deadline for the whole Hub exchange; `HF_HUB_ETAG_TIMEOUT` wins when set.
+
+    Example:
+        >>> from unittest import mock
+        >>> with mock.patch.dict("os.environ", {"HF_HUB_ETAG_TIMEOUT": "5"}):
+        ...     deadline_seconds(30)
+        5.0
+    """
+    from_environment = os.environ.get("HF_HUB_ETAG_TIMEOUT", "").strip()
+    if from_environment:
+        try:
+            value = float(from_environment)
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS:
+            return value
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT_SECONDS
+    ):
+        raise UsageError(
+            f"--timeout {timeout!r} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]",
+            key="timeout",
+            value=timeout,
+        )
+    return float(timeout)
+
+
+def resolve_token(huggingface_hub, token) -> tuple[str | None, str]:
+    """(the token to send or None, how messages name it); malformed tokens are refused.
+
+    `token` as `load_config` takes it: a string, False (send none), True (the stored one
+    must exist) or None (`HF_TOKEN` or the stored login, unless implicit tokens are off).
+
+    Example:
+        >>> import huggingface_hub
+        >>> resolve_token(huggingface_hub, False)
+        (None, 'no token')
+    """
+    if isinstance(token, str):
+        return token, "--token"
+    if token is False:
+        return None, "no token"
+    from huggingface_hub import constants
+
+    if token is None and constants.HF_HUB_DISABLE_IMPLICIT_TOKEN:
+        return None, "no token"
+    from_environment = bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+    named = "HF_TOKEN" if from_environment else "the stored Hub token"
+    try:
+        resolved = huggingface_hub.get_token()
+    except Exception as error:  # noqa: BLE001 - e.g. an OIDC exchange that failed
+        raise InvalidTokenError(
+            f"{named}: cannot be read ({type(error).__name__}); log in again with "
+            "`hf auth login` or set HF_TOKEN"
+        ) from None
+    if resolved is None:
+        if token is True:
+            raise InvalidTokenError(
+                "token=True but no Hub token is stored; log in with `hf auth login` or set HF_TOKEN"
+            )
+        return None, "no token"
+    validate_token(resolved, argument=named)
+    return resolved, named
