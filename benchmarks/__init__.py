@@ -1,11 +1,13 @@
 """The measurement harness of keras-mha: run from a source checkout, not shipped in the wheel.
 
-    keras-mha bench [layers|model|inspect] [ARGS...]     # or: python -m benchmarks ...
+    keras-mha bench [layers|model|inspect|roofline] [ARGS...]   # or: python -m benchmarks
 
 - `layers` (`layers.py`, with `backends.py` for what differs per backend): the attention
   layers against Keras, keras-hub and the backend's fused kernel (the default);
 - `model` (`models.py`): whole-model prefill and decode tokens/s, beside transformers;
-- `inspect` (`startup.py`): `keras-mha inspect` and `compare` from a cold process.
+- `inspect` (`startup.py`): `keras-mha inspect` and `compare` from a cold process;
+- `roofline` (`roofline.py`): measured decode tokens/s against the planner's speed bound
+  on this CPU (its measured copy bandwidth).
 
 `BENCHMARKS` names each benchmark's module and entry point (a function taking the
 argument list and returning the exit status); `keras_mha.commands.bench` dispatches on it.
@@ -13,7 +15,7 @@ argument list and returning the exit status); `keras_mha.commands.bench` dispatc
 Example:
     >>> from benchmarks import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['inspect', 'layers', 'model']
+    ['inspect', 'layers', 'model', 'roofline']
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ BENCHMARKS = {
     "model": Benchmark("benchmarks.models", "run_model_benchmark", "whole models (generate)"),
     "inspect": Benchmark(
         "benchmarks.startup", "main", "`inspect` and `compare` from a cold process (no backend)"
+    ),
+    "roofline": Benchmark(
+        "benchmarks.roofline",
+        "main",
+        "measured decode tokens/s against the planner's bound with this CPU's bandwidth",
     ),
 }
 DEFAULT_BENCHMARK = "layers"

@@ -92,7 +92,7 @@ def scaled_config(config: dict, scale: int) -> dict:
     return config
 
 
-def _median_seconds(function, repeats):
+def median_seconds(function, repeats):
     function()  # warm-up: compiles
     times = []
     for _ in range(repeats):
@@ -116,6 +116,17 @@ def _rates(prefill_seconds, total_seconds, arguments):
 def run_model_benchmark(argv=None) -> int:
     """Entry point of `keras-mha bench model`; returns the exit code."""
     arguments = parse_args(argv)
+    results = model_results(arguments)
+    if arguments.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print_results(results, arguments)
+    return 0
+
+
+def model_results(arguments) -> dict:
+    """Prefill and decode rates of keras-mha (and transformers) for parsed `arguments`;
+    `results["config"]` is the config the model was built from."""
     import keras
     import numpy as np
     import torch
@@ -169,8 +180,8 @@ def run_model_benchmark(argv=None) -> int:
     results["keras_mha"] = {
         "backend": keras.backend.backend(),
         **_rates(
-            _median_seconds(ours(1), arguments.repeats),
-            _median_seconds(ours(arguments.new_tokens), arguments.repeats),
+            median_seconds(ours(1), arguments.repeats),
+            median_seconds(ours(arguments.new_tokens), arguments.repeats),
             arguments,
         ),
         "generation": generation_stats(model),
@@ -194,14 +205,18 @@ def run_model_benchmark(argv=None) -> int:
         results["transformers"] = {
             "backend": f"torch {torch.__version__}",
             **_rates(
-                _median_seconds(theirs(1), arguments.repeats),
-                _median_seconds(theirs(arguments.new_tokens), arguments.repeats),
+                median_seconds(theirs(1), arguments.repeats),
+                median_seconds(theirs(arguments.new_tokens), arguments.repeats),
                 arguments,
             ),
         }
-    if arguments.json:
-        print(json.dumps(results, indent=2))
-        return 0
+    results["config"] = config
+    return results
+
+
+def print_results(results: dict, arguments) -> None:
+    """The table `keras-mha bench model` prints."""
+    dtype = results["dtype"]
     shape = results["shape"]
     print(
         f"{arguments.card} {'(full size)' if arguments.full_size else f'/ {arguments.scale}'}: "
@@ -225,7 +240,6 @@ def run_model_benchmark(argv=None) -> int:
         f"decode step: {'compiled' if stats.get('compiled') else 'eager'}, traced "
         f"{stats.get('step_traces')} time(s) over {stats.get('step_calls')} calls"
     )
-    return 0
 
 
 if __name__ == "__main__":

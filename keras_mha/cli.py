@@ -9,6 +9,7 @@
     keras-mha heads MODEL --text FILE [--conllu FILE] [--importance METHOD] [--plot FILE.png]
                     [--html FILE.html] [--format table|json|markdown]   what each head does
     keras-mha cards                      list the bundled cards
+    keras-mha gpus                       list the accelerators --gpu knows
     keras-mha --version
     keras-mha bench [layers|model|inspect] ...   benchmarks (default: layers)
 
@@ -39,7 +40,7 @@ import sys
 import warnings
 
 from keras_mha import moved_paths
-from keras_mha.commands import bench, cards, compare, heads, inspect, prune
+from keras_mha.commands import bench, cards, compare, gpus, heads, inspect, prune
 from keras_mha.commands.arguments import ArgumentParser
 from keras_mha.commands.output import (
     PROGRAM,
@@ -58,9 +59,10 @@ from keras_mha.errors import (
     UsageError,
 )
 from keras_mha.safe_text import one_line, redact_secrets
+from keras_mha.version import __version__
 
 #: The subcommands, in `--help` order: each module's `add_parser(subcommands)` registers it.
-COMMANDS = (inspect, cards, compare, prune, heads, bench)
+COMMANDS = (inspect, cards, compare, gpus, prune, heads, bench)
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
 EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the traceback of an unexpected error (accepted anywhere on the line)",
     )
-    parser.add_argument("--version", action="version", version=f"{PROGRAM} {_version()}")
+    parser.add_argument("--version", action="version", version=f"{PROGRAM} {__version__}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(subcommands)
@@ -247,12 +249,6 @@ def _debug_traceback(debug: bool, secrets) -> None:
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):
         pass
-
-
-def _version() -> str:
-    from keras_mha import __version__
-
-    return __version__
 
 
 def __getattr__(name):

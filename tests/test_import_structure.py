@@ -142,7 +142,12 @@ HEAVY = ["keras", "tensorflow", "jax", "torch", "transformers", "numpy", "huggin
 STARTUP_HEAVY = [*HEAVY, "typing"]
 # `keras-mha inspect`'s side of the package: every module of these is imported.
 COST_SIDE = ("keras_mha.hub", "keras_mha.cards.planner", "keras_mha.cards.rendering")
-COST_SIDE_MODULES = ("keras_mha.cards", "keras_mha.cards.spec", "keras_mha.cards.costs")
+COST_SIDE_MODULES = (
+    "keras_mha.cards",
+    "keras_mha.cards.spec",
+    "keras_mha.cards.costs",
+    "keras_mha.cards.plan",
+)
 
 _PROBE = """
 import importlib, json, sys

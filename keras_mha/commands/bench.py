@@ -40,7 +40,7 @@ def add_parser(subcommands) -> None:
     subcommands.add_parser(
         NAME,
         help="benchmarks from a source checkout: `bench layers [...]` (default), "
-        "`bench model [...]`, `bench inspect [...]`",
+        "`bench model [...]`, `bench inspect [...]`, `bench roofline [...]`",
         add_help=False,
     )
 

@@ -23,7 +23,16 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         >>> parser.parse_args(["cards"]).run is run
         True
     """
-    parser = subcommands.add_parser("cards", help="list the bundled model cards")
+    parser = subcommands.add_parser(
+        "cards",
+        help="list the bundled model cards",
+        description=(
+            "List the model cards bundled with keras-mha: curated config.json snapshots of "
+            "popular Hub models, one `org/name<TAB>revision` per line. `keras-mha inspect "
+            "bundled:org/name` reads one without network; a Hub id answers from its card "
+            "when the Hub cannot be reached."
+        ),
+    )
     parser.set_defaults(run=run)
     return parser
 

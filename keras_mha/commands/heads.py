@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from keras_mha.commands.options import add_hub_checkpoint_arguments, add_text_batching_arguments
+from keras_mha.commands.options import add_hub_arguments, add_text_batching_arguments
 from keras_mha.commands.output import write_stdout
 from keras_mha.errors import MissingDependencyError, UnsupportedModelError, UsageError
 
@@ -81,7 +81,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype", choices=DTYPES, help="load and compute in this dtype (default: checkpoint's)"
     )
-    add_hub_checkpoint_arguments(parser)
+    add_hub_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
@@ -158,8 +158,10 @@ def load_model(arguments):
     from keras_mha.models import export as exporting
 
     return exporting.load_for_pruning(
-        arguments.model, dtype=arguments.dtype, revision=arguments.revision, token=arguments.token
-    )
+        arguments.model, dtype=arguments.dtype, revision=arguments.revision,
+        token=arguments.token, endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None, timeout=arguments.timeout,
+    )  # fmt: skip
 
 
 def _require_attention(model, arguments):

@@ -24,6 +24,7 @@ from keras_mha.cards.rendering import report as reports
 from keras_mha.cards.spec import from_config
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
+from keras_mha.commands.terminal import report_width, write_report
 from keras_mha.errors import KerasMHAError
 from keras_mha.hub.config import load_config
 
@@ -38,18 +39,6 @@ def parse_seq_lens(text: str) -> list[int]:
         [4096, 8192, 131072, 1048576]
     """
     return options.seq_lens_type(text)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not an integer; expected a positive integer"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive; expected a positive integer")
-    return value
 
 
 def add_parser(subcommands) -> argparse.ArgumentParser:
@@ -76,41 +65,22 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         help="org/name, a Hub URL (https://huggingface.co/org/name[/tree/REV]), a local "
         "path, or bundled:org/name",
     )
-    inspect.add_argument("--revision", help="Hub branch, tag or commit (default: main)")
     inspect.add_argument(
         "--seq-len",
         type=parse_seq_lens,
         metavar="N[,N...]",
-        help="sequence length(s) for the KV cache, e.g. 4096,32k (default: the model's "
-        "context length, capped at 8192); the JSON `kv_cache` holds the last one",
+        help="tokens per sequence (the context) for the KV cache and memory, e.g. "
+        "4096,32k (default: the model's context length, capped at 8192); the JSON "
+        "`kv_cache` and the memory plan hold the last one",
     )
-    inspect.add_argument("--batch", type=_positive_int, default=1, help="batch size (default 1)")
-    inspect.add_argument(
-        "--kv-dtype",
-        default="bfloat16",
-        type=options.dtype_type("--kv-dtype"),
-        metavar="DTYPE",
-        help=f"KV-cache element type: {', '.join(options.units.DTYPES)} (aliases bf16, fp16, "
-        "fp8, fp32, ...; default bfloat16)",
+    options.add_batch_argument(
+        inspect, default=1, help_text="sequences served at once (default 1; also --batch-size)"
     )
+    options.add_kv_dtype_argument(inspect)
     inspect.add_argument(
         "--format", default="table", choices=OUTPUT_FORMATS, help="output format (default table)"
     )
-    inspect.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
-    inspect.add_argument(
-        "--offline",
-        action="store_true",
-        help="never touch the network: HF cache, then the bundled card (also HF_HUB_OFFLINE=1)",
-    )
-    inspect.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
-    inspect.add_argument(
-        "--timeout",
-        type=options.seconds_type,
-        default=10.0,
-        help="seconds the whole exchange with the Hub may take (default 10; "
-        "HF_HUB_ETAG_TIMEOUT wins)",
-    )
-
+    options.add_hub_arguments(inspect)
     options.add_memory_arguments(inspect)
     inspect.set_defaults(run=run)
     return inspect
@@ -139,6 +109,15 @@ def run(arguments: argparse.Namespace) -> int:
         offline=True if arguments.offline else None,
         timeout=arguments.timeout,
     )
+    from keras_mha.hub.weights_size import checkpoint_size
+
+    arguments.checkpoint_size = checkpoint_size(
+        loaded,
+        token=arguments.token,
+        endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None,
+        timeout=arguments.timeout,
+    )
     try:
         rendered = render(loaded, arguments)
     except KerasMHAError as error:
@@ -146,7 +125,10 @@ def run(arguments: argparse.Namespace) -> int:
         raise
     # Anything else is a bug (every config value is validated into a ConfigError): `main`
     # reports it as an internal error (exit 70), not as a fault of the config.
-    write_stdout(rendered)
+    if arguments.format == "table":
+        write_report(rendered)
+    else:
+        write_stdout(rendered)
     return 0
 
 
@@ -174,13 +156,14 @@ def render(loaded, arguments: argparse.Namespace) -> str:
         batch=arguments.batch,
         kv_dtype=arguments.kv_dtype,
         memory_request=arguments.memory_request,
+        checkpoint_size=getattr(arguments, "checkpoint_size", None),
     )
     if arguments.format == "json":
         # allow_nan=False: the output is JSON (RFC 8259), which has no NaN or Infinity.
         return json.dumps(report, indent=2, allow_nan=False)
     if arguments.format == "markdown":
         return reports.render_markdown(report)
-    return reports.render_table(report)
+    return reports.render_table(report, report_width(wide=getattr(arguments, "wide", False)))
 
 
 def _configure_huggingface_hub(timeout: float) -> None:

@@ -58,6 +58,7 @@ from keras_mha.hub.inputs import (
 from keras_mha.hub.responses import error_for_status
 from keras_mha.hub.settings import DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS
 from keras_mha.safe_text import one_line
+from keras_mha.version import __version__
 
 BUNDLED_PREFIX = "bundled:"
 
@@ -286,6 +287,7 @@ def _load_from_hub(
     timeout: float,
     cache_dir: str | os.PathLike | None,
 ) -> LoadedConfig:
+    settings.check_hub_environment()
     try:
         import huggingface_hub
     except ImportError as error:
@@ -328,7 +330,6 @@ def _load_from_hub(
         argument="--endpoint" if endpoint is not None else "HF_ENDPOINT",
     )
     token_to_send, token_name = settings.resolve_token(huggingface_hub, token)
-    from keras_mha import __version__
     from keras_mha.hub import cache as hub_cache
     from keras_mha.hub.fetch import fetch
 

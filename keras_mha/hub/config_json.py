@@ -24,7 +24,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import stat
+import time
 from pathlib import Path
 
 from keras_mha.errors import ConfigFileNotFoundError, MalformedConfigError, PathError
@@ -34,6 +36,8 @@ from keras_mha.safe_text import one_line
 CONFIG_FILENAME = "config.json"
 MAX_CONFIG_BYTES = 10 * 1000 * 1000
 MAX_JSON_DEPTH = 100
+# How long a pipe may stay silent before it is given up on.
+PIPE_WAIT_SECONDS = 10.0
 
 _FILE_KINDS = (
     (stat.S_ISCHR, "a character device"),
@@ -46,7 +50,8 @@ def read_config_file(path: Path, *, described_as: str) -> dict:
     """Parse the `config.json` at `path` (at most 10 MB, nested at most 100 levels deep).
 
     Args:
-        path: the file (a regular file or a pipe).
+        path: the file (a regular file, or an anonymous pipe such as `<(cat config.json)`;
+            a named pipe is refused: opening one waits for a writer).
         described_as: how messages name the file's origin (model id, revision, path).
 
     Example:
@@ -72,12 +77,52 @@ def read_config_file(path: Path, *, described_as: str) -> dict:
             f"{MAX_CONFIG_BYTES:,} bytes",
             path=str(path),
         )
+    if stat.S_ISFIFO(status.st_mode) and not _is_anonymous_pipe(path):
+        # Opening a named pipe waits for a writer, which may never come.
+        raise PathError(f"{where} is a named pipe (FIFO), not a config.json file", path=str(path))
+    if stat.S_ISFIFO(status.st_mode):
+        return parse_config_bytes(_read_pipe(path, where), described_as=where)
     try:
         with open(path, "rb") as config_file:
             data = config_file.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
         raise _path_error(error, where) from None
     return parse_config_bytes(data, described_as=where)
+
+
+def _is_anonymous_pipe(path: Path) -> bool:
+    """A shell's pipe (`<(cat config.json)`, `/dev/stdin` fed by `|`): it has a writer."""
+    return "pipe:[" in os.path.realpath(path)
+
+
+def _read_pipe(path: Path, where: str) -> bytes:
+    """An anonymous pipe's bytes, giving up when it stays silent `PIPE_WAIT_SECONDS`."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise _path_error(error, where) from None
+    chunks, size, deadline = [], 0, time.monotonic() + PIPE_WAIT_SECONDS
+    try:
+        while size <= MAX_CONFIG_BYTES:
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([descriptor], [], [], max(remaining, 0))
+            if not ready:
+                raise PathError(
+                    f"{where} is a pipe that sent nothing for {PIPE_WAIT_SECONDS:g} s; expected "
+                    "a config.json",
+                    path=str(path),
+                )
+            try:
+                chunk = os.read(descriptor, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(descriptor)
+    return b"".join(chunks)
 
 
 def parse_config_bytes(data: bytes, *, described_as: str) -> dict:

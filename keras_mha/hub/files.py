@@ -46,6 +46,7 @@ from keras_mha.hub.inputs import (
 )
 from keras_mha.hub.responses import error_for_status
 from keras_mha.safe_text import one_line
+from keras_mha.version import __version__
 
 #: The slowest average rate a streamed download may have before it counts as stalled:
 #: a file of N bytes gets `timeout + N * SECONDS_PER_BYTE` seconds in all.
@@ -103,6 +104,7 @@ def hub_file(
         RepositoryNotFoundError, GatedRepositoryError, ...: as `load_config`.
         PathError: the cache cannot be written.
     """
+    settings.check_hub_environment()
     import huggingface_hub
     from huggingface_hub import constants
 
@@ -177,7 +179,6 @@ def _download(
 ) -> Path | None:
     import huggingface_hub
 
-    from keras_mha import __version__
     from keras_mha.hub.fetch import fetch
 
     token_to_send, token_name = token

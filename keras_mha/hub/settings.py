@@ -14,12 +14,16 @@ import os
 
 from keras_mha.errors import InvalidTokenError, UsageError
 from keras_mha.hub.inputs import validate_token
+from keras_mha.safe_text import one_line
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 #: The longest `timeout` accepted (a day); anything longer is a typo, not a wish.
 MAX_TIMEOUT_SECONDS = 86400.0
 
 _TRUE_STRINGS = {"1", "on", "yes", "true"}
+# Timeouts huggingface_hub reads from the environment once, at import, with `int()`: a
+# value it cannot read would fail that import, so each is checked before.
+TIMEOUT_VARIABLES = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
 
 
 def env_flag(name: str) -> bool:
@@ -59,6 +63,44 @@ def configured_endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
+def environment_timeout(name: str) -> int | None:
+    """The whole number of seconds in environment variable `name`, None when unset.
+
+    Raises:
+        UsageError: not a whole number of seconds from 1 to a day (what huggingface_hub
+            reads with `int()`; 0 or a negative value would never time out or fail).
+
+    Example:
+        >>> environment_timeout("KERAS_MHA_UNSET_VARIABLE") is None
+        True
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = None
+    if seconds is None or not 1 <= seconds <= MAX_TIMEOUT_SECONDS:
+        raise UsageError(
+            f"{name}={one_line(text)[:40]!r} is not a timeout; expected a whole number of "
+            f"seconds from 1 to {MAX_TIMEOUT_SECONDS:g}, e.g. {name}=10 (or unset it)",
+            key=name,
+            value=text,
+        )
+    return seconds
+
+
+def check_hub_environment() -> None:
+    """Refuse, in one line, an environment huggingface_hub would fail to import with.
+
+    Example:
+        >>> check_hub_environment()
+    """
+    for name in TIMEOUT_VARIABLES:
+        environment_timeout(name)
+
+
 def deadline_seconds(timeout: float) -> float:
     """The deadline for the whole Hub exchange; `HF_HUB_ETAG_TIMEOUT` wins when set.
 
@@ -68,14 +110,9 @@ def deadline_seconds(timeout: float) -> float:
         ...     deadline_seconds(30)
         5.0
     """
-    from_environment = os.environ.get("HF_HUB_ETAG_TIMEOUT", "").strip()
-    if from_environment:
-        try:
-            value = float(from_environment)
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS:
-            return value
+    from_environment = environment_timeout("HF_HUB_ETAG_TIMEOUT")
+    if from_environment is not None:
+        return float(from_environment)
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))

@@ -170,14 +170,15 @@ def compute_dtype(model) -> str:
     return str(getattr(model, "compute_dtype", None) or "float32")
 
 
-def load_for_pruning(source, *, dtype=None, revision=None, token=None):
+def load_for_pruning(source, *, dtype=None, revision=None, token=None, **hub):
     """`from_pretrained`, remembering the local folder the files came from.
 
-    For a Hub id the tokenizer files are fetched into the HF cache beside the weights.
+    For a Hub id the tokenizer files are fetched into the HF cache beside the weights;
+    `hub` (`endpoint`, `offline`, `timeout`) goes to every Hub exchange.
     """
     from keras_mha.models import from_pretrained
 
-    model = from_pretrained(source, dtype=dtype, revision=revision, token=token)
+    model = from_pretrained(source, dtype=dtype, revision=revision, token=token, **hub)
     local = Path(str(source)).expanduser()
     if local.is_dir():
         model.source_directory = local
@@ -186,18 +187,19 @@ def load_for_pruning(source, *, dtype=None, revision=None, token=None):
         # files match the weights even if the branch moved meanwhile.
         snapshot = Path(str(getattr(model, "source_directory", "") or "")).name
         commit = snapshot if re.fullmatch(r"[0-9a-f]{40}", snapshot) else revision
-        model.source_directory = _fetch_hub_files(str(source), commit, token)
+        model.source_directory = _fetch_hub_files(str(source), commit, token, hub)
     return model
 
 
-def _fetch_hub_files(model_id, revision, token):
+def _fetch_hub_files(model_id, revision, token, hub=None):
     """The HF-cache snapshot folder of `model_id`, with its tokenizer files fetched (through
     `hub_file`, which checks every name the endpoint sends before writing)."""
     from keras_mha.hub.files import hub_file
 
     folder = None
     for name in ("config.json", *COPIED_FILES):
-        path = hub_file(model_id, name, revision=revision, token=token)
+        options = {key: value for key, value in (hub or {}).items() if value is not None}
+        path = hub_file(model_id, name, revision=revision, token=token, **options)
         if path is not None:
             folder = path.parent
     return folder

@@ -221,8 +221,10 @@ def _check_arguments(model, token_ids, max_new_tokens, temperature, top_k, top_p
     from keras_mha.models.inputs import check_token_ids
 
     if not isinstance(model, DecoderModel):
+        name = type(model).__name__
+        article = "an" if name[:1].lower() in "aeiou" else "a"
         raise ValueError(
-            f"model is a {type(model).__name__}; generate needs a causal LM (a DecoderModel "
+            f"model is {article} {name}; generate needs a causal LM (a DecoderModel "
             f"from keras_mha.models.from_pretrained)"
         )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):

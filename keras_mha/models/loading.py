@@ -177,15 +177,26 @@ def _local_directory(source: str, revision) -> Path | None:
     return path
 
 
-def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
-    """(config, folder of the safetensors files) of a Hub id, through the HF cache."""
-    from keras_mha.hub.config import load_config
+def _hub_checkpoint(source: str, revision, token, hub=None) -> tuple[dict, Path]:
+    """(config, folder of the safetensors files) of a Hub id, through the HF cache.
 
-    loaded = load_config(source, revision=revision, token=token)
+    `hub` holds `endpoint`, `offline` and `timeout` for `load_config` / `hub_file`."""
+    from keras_mha.hub.config import load_config
+    from keras_mha.hub.settings import offline_requested
+
+    hub = dict(hub or {})
+    loaded = load_config(source, revision=revision, token=token, **hub)
     if loaded.source != "hub":
+        offline = hub.get("offline")
+        if offline or (offline is None and offline_requested()):
+            why = "offline mode is on (--offline, HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)"
+        else:
+            reason = (loaded.note or "the Hub could not be reached").split("; answered from")[0]
+            why = f"{reason}"
         raise CheckpointError(
-            f"{source}: the Hub could not be reached and no cached checkpoint exists "
-            f"({loaded.note}); a bundled card has a config but no weights",
+            f"{source}: {why} and its weights are not in the HF cache; download them once "
+            f"online (`hf download {source}`, or run this again with the network) or pass a "
+            "local folder holding config.json and safetensors",
             model_id=source,
         )
     from keras_mha.hub.files import hub_file
@@ -195,7 +206,7 @@ def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
     commit = loaded.commit or revision
 
     def download(filename):
-        return hub_file(source, filename, revision=commit, token=token)
+        return hub_file(source, filename, revision=commit, token=token, **hub)
 
     index = download(INDEX_FILE_NAME)
     if index is not None:
@@ -389,7 +400,9 @@ def _return_freed_memory():
         pass
 
 
-def from_pretrained(source, *, dtype=None, revision=None, token=None):
+def from_pretrained(
+    source, *, dtype=None, revision=None, token=None, endpoint=None, offline=None, timeout=None
+):
     """A Keras model of keras-mha layers from a Hub checkpoint.
 
     Args:
@@ -400,6 +413,8 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
             device computes it well (see `choose_dtype`), else float32.
         revision: Hub branch, tag or commit (Hub ids only).
         token: Hub token; None uses the stored login / `HF_TOKEN`.
+        endpoint, offline, timeout: Hub endpoint, offline mode and seconds per exchange,
+            as `keras_mha.hub.load_config` (None: the environment's / the default).
 
     Returns:
         A `DecoderModel` (causal LMs: logits `(B, T, vocab)`) or `EncoderModel` (BERT and
@@ -428,7 +443,10 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
         config = read_config_file(directory / "config.json", described_as=str(directory))
         SafetensorsCheckpoint(directory)  # a folder without safetensors fails before building
     else:
-        config, directory = _hub_checkpoint(source, revision, token)
+        hub = {"endpoint": endpoint, "offline": offline}
+        if timeout is not None:
+            hub["timeout"] = timeout
+        config, directory = _hub_checkpoint(source, revision, token, hub)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown families are refused below, by name
         try:

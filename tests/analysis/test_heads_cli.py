@@ -219,12 +219,15 @@ def test_a_decoder_reads_windows_and_scores_heads_with_taylor(tmp_path, capsys):
     [
         (["--revision", "../../x"], 11, "revision"),
         (["--token", "hf_abc\ndef"], 12, "token"),
+        (["--offline"], 8, "offline mode is on"),
+        (["--endpoint", "ftp://hub.example"], 2, "--endpoint"),
     ],
 )
 def test_hub_flags_follow_the_rules_of_the_other_commands(
     tmp_path, monkeypatch, capsys, flags, code, message
 ):
-    """A Hub id with a bad revision or token: one line, its exit code, no request made."""
+    """A Hub id with a bad revision, token or endpoint, or offline without the weights in
+    the cache: one line, its exit code, no request made."""
     from tests.hub_server import hub_environment, world_with_deep_working_directory
 
     world = world_with_deep_working_directory(tmp_path, monkeypatch)

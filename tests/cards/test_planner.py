@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from keras_mha.cards.costs import ParameterCounts, kv_cache_cost, parameter_counts
 from keras_mha.cards.planner import memory
 from keras_mha.cards.planner.gpus import GPUS, find_gpu, known_gpu_names
+from keras_mha.cards.planner.quantization import dtype_format
 from keras_mha.cards.planner.units import normalize_dtype, parse_memory_size, parse_seq_lens
 from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
@@ -103,7 +104,7 @@ def test_serving_is_weights_plus_kv_cache_plus_state_plus_workspace(repo_id, kv_
         )
         kv = kv_cache_cost(spec, seq_len=seq_len, batch=batch, kv_dtype=kv_dtype)
         assert serving.kv_cache_bytes == kv.total_bytes
-        assert serving.weights_bytes == memory.weights_bytes(parameter_counts(spec), "int8").total
+        assert serving.weights_bytes == memory.format_weights(spec, dtype_format("int8")).total
         assert serving.total_bytes == (
             serving.weights_bytes + serving.kv_cache_bytes + serving.recurrent_state_bytes
             + serving.activation_bytes

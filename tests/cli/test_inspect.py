@@ -122,7 +122,10 @@ def test_token_and_revision_reach_the_hub(capsys, hub):
     assert report["source"] == "hub"
     requests = hub.resolve_requests()
     assert requests and all(request.bearer_token == "hf_ok" for request in requests)
-    assert all("/resolve/main/config.json" in request.path for request in requests)
+    # config.json, then the weights' size: the safetensors index, or 8 bytes of the file.
+    paths = [request.path.split("/resolve/")[1] for request in requests]
+    assert paths[0] == "main/config.json"
+    assert all(path.split("/", 1)[1].startswith("model.safetensors") for path in paths[1:])
 
 
 def test_offline_flag_never_touches_the_network(capsys, hub):

@@ -57,14 +57,18 @@ def test_memory_keys_always_and_fits_only_with_a_memory_size(capsys):
 def test_fits_with_gpu_and_memory(capsys):
     report = inspect_json(capsys, LLAMA_3, "--gpu", "H100", "--seq-len", "8k")
     fits = report["fits"]
-    assert fits["memory_bytes"] == 81559 * 1024**2 and fits["gpu"] == "H100 80GB SXM"
+    assert fits["device_memory_bytes"] == 81559 * 1024**2 and fits["gpu"] == "H100 80GB SXM"
+    # The plan fills 90% of the device by default, as vLLM's --gpu-memory-utilization.
+    assert fits["memory_bytes"] == int(0.9 * 81559 * 1024**2)
     assert {"memory_bytes", "max_seq_len", "max_batch", "training_fits"} <= set(fits)
     plan = memory.plan_fit(spec_of(LLAMA_3), memory_bytes=fits["memory_bytes"], seq_len=8192)
     assert (fits["max_seq_len"], fits["max_batch"]) == (plan.max_seq_len, plan.max_batch)
     assert fits["training_fits"] is False  # 16 bytes a parameter alone is 120 GiB
     assert set(fits["by_kv_dtype"]) == set(report["memory"]["weights_bytes"])
 
-    report = inspect_json(capsys, LLAMA_3, "--memory", "24GiB", "--kv-dtype", "fp8")
+    report = inspect_json(
+        capsys, LLAMA_3, "--memory", "24GiB", "--kv-dtype", "fp8", "--memory-utilization", "1"
+    )
     fits = report["fits"]
     assert fits["memory_bytes"] == 24 * GIB and fits["gpu"] is None
     assert fits["kv_dtype"] == "float8" and report["kv_cache"]["dtype"] == "float8"
@@ -74,7 +78,8 @@ def test_fits_with_gpu_and_memory(capsys):
 def test_the_fit_answers_invert_the_reported_serving_memory(capsys):
     """End to end: at `max_seq_len` (and `max_batch`) the report's own `serving_bytes`
     fits the memory, one token (one sequence) more does not."""
-    flags = ["--memory", "20GiB", "--batch", "3", "--seq-len", "6000", "--kv-dtype", "fp8"]
+    flags = ["--memory", "20GiB", "--batch", "3", "--seq-len", "6000", "--kv-dtype", "fp8",
+             "--memory-utilization", "0.95"]  # fmt: skip
     fits = inspect_json(capsys, LLAMA_3, *flags)["fits"]
     budget, length, batch = fits["memory_bytes"], fits["max_seq_len"], fits["max_batch"]
     assert length > 6000 and batch > 3
@@ -89,30 +94,41 @@ def test_the_fit_answers_invert_the_reported_serving_memory(capsys):
 
 def test_memory_too_small_for_the_weights_says_so_with_numbers(capsys):
     report = inspect_json(capsys, LLAMA_3, "--memory", "8GiB")
-    assert report["fits"]["weights_fit"] is False
-    assert report["fits"]["max_seq_len"] == 0 and report["fits"]["max_batch"] == 0
-    warning = next(w for w in report["warnings"] if "weights alone" in w)
-    assert "14.96 GiB in bfloat16" in warning and "8.00 GiB" in warning and "int4" in warning
+    fits = report["fits"]
+    assert fits["weights_fit"] is False and fits["serving_fits"] is False
+    assert fits["max_seq_len"] == 0 and fits["max_batch"] == 0
+    assert fits["verdict"].startswith(
+        "serving does not fit: the weights need 14.96 GiB per device, 7.20 GiB is usable"
+    )
+    assert [item["weights_dtype"] for item in fits["suggestions"]] == ["int4", "bfloat16"]
+    assert fits["suggestions"][1]["devices"] == 4  # 4 x 8 GiB, tensor parallel
     exit_code, out, _ = run_cli(capsys, "inspect", LLAMA_3, "--memory", "8GiB")
-    assert exit_code == 0 and "weights alone need 14.96 GiB" in out
+    lines = out.splitlines()
+    assert exit_code == 0
+    assert lines[2].startswith("serving does not fit: the weights need 14.96 GiB per")
 
 
-def test_table_and_markdown_show_memory_and_fits(capsys):
+def test_table_and_markdown_show_the_verdict_first(capsys):
     exit_code, out, _ = run_cli(capsys, "inspect", LLAMA_3, "--gpu", "rtx4090")
     assert exit_code == 0
-    assert "memory (batch 1, 8,192 tokens)" in out and "fits in RTX 4090 24GB" in out
+    lines = out.splitlines()
+    assert lines[2].startswith("serving fits: yes, up to ") and "RTX 4090" in out
+    assert "memory (batch 1, 8,192 tokens, one device)" in out
     assert "training: does not fit" in out
+    assert max(len(line) for line in lines) <= 80
     exit_code, out, _ = run_cli(
         capsys, "inspect", LLAMA_3, "--gpu", "A100-80GB", "--format", "markdown"
     )
-    assert exit_code == 0 and "## Memory" in out and "### Fits in A100 80GB" in out
+    assert exit_code == 0 and "## Memory" in out
+    section = out.split("## Will it fit?\n\n", 1)[1]
+    assert section.startswith("**serving fits: yes, up to ") and "A100 80GB" in section
 
 
 def test_table_shows_weights_per_dtype_and_part(capsys):
     from keras_mha.cards.rendering.report import format_bytes
 
     report = inspect_json(capsys, "bundled:ai21labs/Jamba-v0.1")
-    exit_code, out, _ = run_cli(capsys, "inspect", "bundled:ai21labs/Jamba-v0.1")
+    exit_code, out, _ = run_cli(capsys, "inspect", "bundled:ai21labs/Jamba-v0.1", "--wide")
     assert exit_code == 0
     lines = out.splitlines()
     start = lines.index(next(line for line in lines if line.split()[:2] == ["weights", "total"]))
@@ -127,7 +143,7 @@ def test_table_shows_weights_per_dtype_and_part(capsys):
         assert line.split()[0] == dtype
         assert " ".join(line.split()[1:]) == " ".join(format_bytes(size) for size in sizes)
     # The `other` column (Mamba mixers here) is left out where every model part is zero.
-    exit_code, out, _ = run_cli(capsys, "inspect", LLAMA_3)
+    exit_code, out, _ = run_cli(capsys, "inspect", LLAMA_3, "--wide")
     header = next(line for line in out.splitlines() if line.split()[:2] == ["weights", "total"])
     assert "other" not in header and "mlp/experts" in header
 
@@ -153,7 +169,7 @@ def test_seq_len_beyond_the_context_length_warns(capsys):
 
 
 def test_version(capsys):
-    from keras_mha import __version__
+    from keras_mha.version import __version__
 
     exit_code, out, _ = run_cli(capsys, "--version")
     assert exit_code == 0 and out.strip() == f"keras-mha {__version__}"
@@ -217,7 +233,7 @@ def test_bench_inspect_refuses_bad_input_in_one_line(capsys):
     # The timing itself is `keras-mha bench inspect` (tests/benchmarks/ runs it once).
     for argv, code, expected in (
         (["--model", "org/missing"], 3, "no bundled card 'org/missing'"),
-        (["--gpu", "tpu"], 2, "H100 80GB SXM"),
+        (["--gpu", "xpu"], 2, "H100 80GB SXM"),
         (["--repeat", "0"], 2, "--repeat"),
     ):
         exit_code, out, err = run_cli(capsys, "bench", "inspect", *argv)

@@ -157,7 +157,10 @@ def test_decoder_prune_exports_and_reports(sources, tmp_path, capsys):
         "1",
     )
     assert report["architecture"] == "decoder" and report["method"] == "taylor"
-    assert report["target"] == {"requested": 0.5, "heads_removed": 8, "heads_total": 16}
+    assert report["target"] == {
+        "requested": 0.5, "heads_removed": 8, "heads_total": 16, "requested_heads": 8.0,
+        "rounding": None,  # 50% of 16 heads is whole KV groups: nothing rounded
+    }  # fmt: skip
     before, after = report["before"], report["after"]
     # Group policy: 2 of 4 KV groups go in each layer.
     assert (before["attention_heads"], after["attention_heads"]) == (16, 8)

@@ -352,6 +352,60 @@ def check_whole_model():
     }
 
 
+# The rest of a tensor-parallel layout, as vLLM splits a Llama block: MLP in and out
+# projections by their inner width, the embedding and the LM head by the vocabulary.
+TENSOR_PARALLEL_LAYOUT = {
+    "token_embedding/embeddings": ("model", None),
+    "gate_proj/kernel": (None, "model"),
+    "up_proj/kernel": (None, "model"),
+    "down_proj/kernel": ("model", None),
+    "lm_head/kernel": (None, "model"),
+}
+
+
+def check_tensor_parallel_bytes(kv_heads):
+    """Per-device bytes of a whole tiny Llama split tensor-parallel over 2 devices, and of
+    one attention layer's KV cache split with it, from the shards JAX holds."""
+    from keras_mha.cards.spec import from_config
+    from keras_mha.models import build_model
+
+    config = {**WHOLE_MODEL_CONFIG, "num_key_value_heads": kv_heads}
+    spec = from_config(config)
+    mesh = keras.distribution.DeviceMesh((2,), ("model",), keras.distribution.list_devices()[:2])
+    # The blocks' attention layers are all named "attention": one stand-in gives their map
+    # (a multi-query layer's single KV head replicated).
+    stand_in = GroupedQueryAttention(
+        config["num_attention_heads"], kv_heads, head_dim=config["head_dim"], name="attention"
+    )
+    layout_map = head_parallel_layout_map(mesh, "model", model=stand_in)
+    for path, axes in TENSOR_PARALLEL_LAYOUT.items():
+        layout_map[f".*{path}"] = axes
+    with keras.distribution.ModelParallel(layout_map=layout_map).scope():
+        model = build_model(spec)
+    first = keras.distribution.list_devices()[0]
+    per_variable = []  # (path, bytes): the blocks' attention variables share their paths
+    for variable in model.weights:
+        shards = [s for s in variable.value.addressable_shards if str(s.device) == str(first)]
+        per_variable.append((variable.path, int(shards[0].data.nbytes)))
+    attention = model.blocks[0].attention
+    batch, max_length = 3, 16
+    cache = distribute_kv_cache(attention.init_cache(batch, max_length), mesh, model_axis="model")
+    cache_bytes = sum(
+        int(next(s for s in buffer.addressable_shards if str(s.device) == str(first)).data.nbytes)
+        for buffer in cache
+    )
+    return {
+        "config": config,
+        "variable_bytes_on_device_0": per_variable,
+        "kv_cache": {
+            "batch": batch,
+            "max_length": max_length,
+            "bytes_on_device_0": cache_bytes,
+            "dtype": str(cache[0].dtype),
+        },
+    }
+
+
 def _run(check, *args):
     try:
         return {"ok": True, "result": check(*args)}
@@ -366,6 +420,9 @@ def main():
         "cases": {name: _run(check_case, name) for name in CASES},
         "kv_cache_decoding": _run(check_kv_cache_decoding),
         "whole_model": _run(check_whole_model),
+        "tensor_parallel_bytes": {
+            str(kv_heads): _run(check_tensor_parallel_bytes, kv_heads) for kv_heads in (2, 1)
+        },
     }
     sys.stdout.write("\n" + json.dumps(report) + "\n")
 

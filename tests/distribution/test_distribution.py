@@ -386,3 +386,31 @@ class TestOnEightDevices:
         result = check["result"]
         assert result["spec"] == ["None", "model", "None"] and result["devices"] == 2
         assert result["difference"] < 1e-5
+
+    @pytest.mark.parametrize("kv_heads", ["2", "1"])
+    def test_planner_per_device_bytes_are_the_shards_jax_holds(self, device_report, kv_heads):
+        """`keras-mha inspect --gpu 2x...` splits a model the way it is sharded: a tiny Llama
+        split tensor-parallel over 2 devices (attention by heads, MLP by its inner width,
+        embedding and LM head by the vocabulary; MQA's one KV head replicated) holds on
+        one device exactly the planner's per-device float32 weights, plus keras-mha's head
+        gates (not checkpoint weights), and its KV cache holds the planner's share."""
+        from keras_mha.cards.planner.inventory import weight_groups
+        from keras_mha.cards.planner.placement import Placement, weights_by_part
+        from keras_mha.cards.planner.quantization import dtype_format
+        from keras_mha.cards.planner.serving import ServingModel
+        from keras_mha.cards.spec import from_config
+
+        check = device_report["tensor_parallel_bytes"][kv_heads]
+        assert check["ok"], check.get("error")
+        result = check["result"]
+        spec = from_config(result["config"])
+        measured = result["variable_bytes_on_device_0"]
+        gates = sum(size for path, size in measured if path.endswith("head_gates"))
+        assert gates == 2 * 2 * 4  # 2 of 4 heads per device, float32, 2 layers
+        planned = weights_by_part(weight_groups(spec), dtype_format("float32"), tensor_parallel=2)
+        assert sum(size for _, size in measured) - gates == sum(planned.values())
+        serving = ServingModel(spec, kv_dtype="float32", placement=Placement(2, 1))
+        cache = result["kv_cache"]
+        per_layer = serving.kv_bytes(serving.stages[0], cache["batch"], cache["max_length"])
+        assert cache["dtype"] == "float32"
+        assert cache["bytes_on_device_0"] == per_layer // spec.num_layers

@@ -70,7 +70,7 @@ def test_hostile_weights_answers_write_nothing_outside_the_cache(
     world, monkeypatch, hostile, exit_code, mention
 ):
     with hub_environment(world, monkeypatch, REPOS, hostile=hostile):
-        monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1.5")  # the deadline of every exchange
+        monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")  # the deadline of every exchange
         before = tree(world)
         with pytest.raises(errors.KerasMHAError) as raised:
             from_pretrained("org/tiny", token=TOKEN)

@@ -419,3 +419,28 @@ def test_finite_number_messages_say_what_was_expected():
         finite_number("x", "a", at_most=2, allow_none=True)
     assert finite_number("x", None, allow_none=True) is None
     assert finite_number("x", np.float16(0.5), above=0) == 0.5
+
+
+@pytest.mark.parametrize("value_length", [None, 6], ids=["self", "cross"])
+def test_a_query_of_length_zero_is_refused_alike_on_every_backend(value_length):
+    """TensorFlow's CPU matmul failed with a raw InvalidArgumentError, JAX and torch
+    returned an empty output: every backend now says what is wrong, eagerly and
+    symbolically."""
+    layer = _built_layer()
+    value = None if value_length is None else _ones((2, value_length, FEATURES))
+    with pytest.raises(ValueError, match=r"`query` has no positions \(shape \(2, 0, 8\)\)"):
+        layer(_ones((2, 0, FEATURES)), value)
+    with pytest.raises(ValueError, match="`query` has no positions"):
+        layer(keras.KerasTensor((2, 0, FEATURES)))
+
+
+def test_mha_and_mqa_refuse_a_num_key_value_heads_that_contradicts_them():
+    from keras_mha.layers import MultiQueryAttention
+
+    with pytest.raises(ValueError, match=r"must be None or `num_heads` \(4\).*received 2"):
+        MultiHeadAttention(num_heads=4, num_key_value_heads=2)
+    with pytest.raises(ValueError, match="must be None or 1 for MultiQueryAttention.*received 4"):
+        MultiQueryAttention(num_heads=4, num_key_value_heads=4)
+    # What the class is anyway (as older saved configs carry it) is accepted.
+    assert MultiHeadAttention(num_heads=4, num_key_value_heads=4).num_key_value_heads == 4
+    assert MultiQueryAttention(num_heads=4, num_key_value_heads=1).num_key_value_heads == 1

@@ -1,8 +1,10 @@
 """Will it fit? Weights, serving and training memory of a `ModelSpec`, and the largest
 context and batch a memory size holds. Pure Python: no keras, backend or numpy import.
 
-- `weights_bytes(counts, dtype)`: the weights per part of `parameter_counts`; the
-  quantized types (int8, int4, float8) with their scales.
+- `format_weights(spec, weights_format)`: every weight tensor in a checkpoint format
+  (a plain dtype, the generic int8 / int4 / float8, or the checkpoint's own GPTQ, AWQ,
+  bitsandbytes, fp8 or compressed-tensors), with its scales and zero points;
+  `weights_bytes(counts, dtype)` the estimate from the part counts alone.
 - `serving_memory(spec, ...)`: weights + KV cache + recurrent state + the workspace of
   one prefill chunk.
 - `training_memory(spec, ...)`: weights + gradients + optimizer state + activations,
@@ -30,7 +32,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from keras_mha.cards.costs import KV_DTYPE_BITS, ParameterCounts, kv_cache_cost, parameter_counts
+from keras_mha.cards.costs import KV_DTYPE_BITS, ParameterCounts, parameter_counts
+from keras_mha.cards.planner.inventory import WeightGroup, weight_groups
+from keras_mha.cards.planner.placement import Placement, quantization_overhead, weights_by_part
+from keras_mha.cards.planner.quantization import WeightsFormat, dtype_format
+from keras_mha.cards.planner.serving import (
+    DEFAULT_PREFILL_CHUNK,
+    SEARCH_LIMIT,
+    ServingMemory,
+    ServingModel,
+    attention_elements,
+    is_moe_layer,
+    mamba_elements,
+    mlp_elements,
+    moe_elements,
+    resolve_format,
+    serving_memory,
+    serving_model,
+)
+from keras_mha.cards.planner.serving import check_dtype as _check_dtype
+from keras_mha.cards.planner.serving import positive as _positive
 from keras_mha.cards.spec import ModelSpec
 from keras_mha.errors import UsageError
 
@@ -77,9 +98,6 @@ OPTIMIZER_MOMENTS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
 # Keras optimizers also keep a step counter (int64 on TensorFlow, int32 on JAX and PyTorch)
 # and the learning rate (float32): at most 12 bytes.
 OPTIMIZER_SCALAR_BYTES = 12
-DEFAULT_PREFILL_CHUNK = 2048
-# Searches stop here: 2**40 tokens or sequences is "unbounded" for any memory size.
-SEARCH_LIMIT = 2**40
 
 
 # -- weights ------------------------------------------------------------------------------------
@@ -115,16 +133,6 @@ class WeightsBytes:
         return asdict(self)
 
 
-def _check_dtype(name: str, dtype: str) -> str:
-    if dtype not in KV_DTYPE_BITS:
-        raise UsageError(
-            f"{name}={dtype!r} is not supported; expected one of {', '.join(DTYPES)}",
-            key=name,
-            value=dtype,
-        )
-    return dtype
-
-
 def _bytes_of(elements: int, dtype: str) -> int:
     return -(-elements * KV_DTYPE_BITS[dtype] // 8)
 
@@ -156,6 +164,50 @@ def weights_bytes(counts: ParameterCounts, dtype: str) -> WeightsBytes:
     return WeightsBytes(dtype, sum(by_part.values()), by_part, scales)
 
 
+def format_weights(
+    spec: ModelSpec,
+    weights_format: WeightsFormat,
+    *,
+    groups: tuple[WeightGroup, ...] | None = None,
+) -> WeightsBytes:
+    """Bytes of all of `spec`'s weights in `weights_format`, per part, with the format's
+    overhead (scales, zero points, indices) in `scale_bytes`.
+
+    Example:
+        >>> from keras_mha.hub.config import load_config
+        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.cards.planner.quantization import dtype_format
+        >>> spec = from_config(load_config("bundled:meta-llama/Llama-2-7b-hf").config)
+        >>> format_weights(spec, dtype_format("float16")).total == 2 * 6738415616
+        True
+    """
+    groups = groups if groups is not None else weight_groups(spec)
+    by_part = weights_by_part(groups, weights_format)
+    return WeightsBytes(
+        weights_format.id,
+        sum(by_part.values()),
+        by_part,
+        quantization_overhead(groups, weights_format),
+    )
+
+
+def format_weights_by_dtype(
+    spec: ModelSpec, *, groups: tuple[WeightGroup, ...] | None = None
+) -> dict[str, WeightsBytes]:
+    """`format_weights` in every dtype of `DTYPES` (generic formats), float32 first.
+
+    Example:
+        >>> from keras_mha.cards.spec import from_config
+        >>> spec = from_config({"model_type": "llama", "hidden_size": 64,
+        ...     "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
+        ...     "vocab_size": 100})
+        >>> list(format_weights_by_dtype(spec))[:2]
+        ['float32', 'bfloat16']
+    """
+    groups = groups if groups is not None else weight_groups(spec)
+    return {dtype: format_weights(spec, dtype_format(dtype), groups=groups) for dtype in DTYPES}
+
+
 def weights_bytes_by_dtype(counts: ParameterCounts) -> dict[str, WeightsBytes]:
     """`weights_bytes` for every dtype, float32 first.
 
@@ -165,44 +217,6 @@ def weights_bytes_by_dtype(counts: ParameterCounts) -> dict[str, WeightsBytes]:
         32
     """
     return {dtype: weights_bytes(counts, dtype) for dtype in DTYPES}
-
-
-# -- per-token elements of one layer ------------------------------------------------------------
-
-
-def _attention_elements(spec: ModelSpec) -> int:
-    """Elements per token of one self-attention block's inputs and projections."""
-    heads = spec.num_attention_heads
-    if spec.kv_lora_rank:
-        qk_head_dim = (spec.qk_nope_head_dim or 0) + (spec.qk_rope_head_dim or 0)
-        elements = (spec.q_lora_rank or 0) + heads * qk_head_dim  # query (low-rank input)
-        elements += spec.kv_lora_rank + (spec.qk_rope_head_dim or 0)  # latent + rope key
-        elements += heads * qk_head_dim + heads * spec.value_head_dim  # expanded K and V
-        return elements + heads * spec.value_head_dim  # attention output
-    key_value = spec.num_key_value_heads * (spec.head_dim + spec.value_head_dim)
-    return heads * spec.head_dim + key_value + heads * spec.value_head_dim
-
-
-def _mlp_elements(spec: ModelSpec, inner: int) -> int:
-    return 3 * inner if spec.mlp_kind == "gated" else 2 * inner
-
-
-def _moe_elements(spec: ModelSpec) -> int:
-    elements = spec.num_experts_per_tok * 3 * spec.moe_intermediate_size
-    if spec.num_shared_experts:
-        elements += 3 * spec.shared_expert_intermediate_size
-    return elements
-
-
-def _mamba_elements(spec: ModelSpec) -> int:
-    mamba = spec.mamba
-    if mamba is None:
-        return 0
-    return 5 * mamba.inner_size + mamba.dt_rank + 2 * mamba.d_state
-
-
-def _is_moe_layer(spec: ModelSpec, index: int) -> bool:
-    return bool(spec.num_experts and spec.moe_layers and spec.moe_layers[index])
 
 
 @dataclass(frozen=True)
@@ -226,15 +240,15 @@ def _decoder_layers(spec: ModelSpec) -> list[_LayerActivations]:
         elements = spec.norms_per_layer * hidden + 2 * hidden  # norm inputs, block inputs
         float32_bytes = 0
         if kind == "none":
-            elements += _mamba_elements(spec)
+            elements += mamba_elements(spec)
         else:
-            elements += _attention_elements(spec)
+            elements += attention_elements(spec)
             float32_bytes += 4 * heads  # flash attention's log-sum-exp
-        if _is_moe_layer(spec, index):
-            elements += _moe_elements(spec)
+        if is_moe_layer(spec, index):
+            elements += moe_elements(spec)
             float32_bytes += 4 * spec.num_experts  # router logits
         else:
-            elements += _mlp_elements(spec, spec.intermediate_size)
+            elements += mlp_elements(spec, spec.intermediate_size)
         encoder_elements = 0
         if spec.is_encoder_decoder:
             inner = heads * spec.head_dim
@@ -251,7 +265,7 @@ def _encoder_layers(spec: ModelSpec) -> list[_LayerActivations]:
     hidden = spec.hidden_size
     inner = spec.encoder_attention_heads * spec.encoder_head_dim
     elements = spec.encoder_norms_per_layer * hidden + 2 * hidden + 4 * inner
-    elements += _mlp_elements(spec, spec.encoder_intermediate_size)
+    elements += mlp_elements(spec, spec.encoder_intermediate_size)
     layer = _LayerActivations(elements, 4 * spec.encoder_attention_heads)
     return [layer] * spec.num_encoder_layers
 
@@ -283,6 +297,7 @@ class TrainingMemory:
     activation_bytes_checkpointed: int
     total_bytes: int
     total_bytes_checkpointed: int
+    devices: int = 1
 
     def as_dict(self) -> dict:
         """JSON-ready.
@@ -293,12 +308,6 @@ class TrainingMemory:
             'sgd'
         """
         return asdict(self)
-
-
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UsageError(f"{name}={value!r} must be a positive integer", key=name, value=value)
-    return value
 
 
 def _check_choice(name: str, value: str, choices) -> str:
@@ -367,8 +376,12 @@ def training_memory(
     optimizer: str = "adamw",
     precision: str = "mixed",
     counts: ParameterCounts | None = None,
+    devices: int = 1,
 ) -> TrainingMemory:
-    """Memory to train every parameter of `spec` (formulas: module docstring).
+    """Memory to train every parameter of `spec` (formulas: module docstring), on one
+    device or, with `devices > 1`, per device of a fully sharded data-parallel run
+    (FSDP / ZeRO-3): weights, master weights, gradients and optimizer state divided by
+    `devices` (rounded up), activations of `ceil(batch / devices)` sequences.
 
     Example:
         >>> from keras_mha.cards.spec import from_config
@@ -379,10 +392,12 @@ def training_memory(
         True
     """
     counts = counts or parameter_counts(spec)
+    devices = _positive("devices", devices)
     state = training_state_bytes(counts.total, optimizer=optimizer, precision=precision)
+    state = {key: -(-value // devices) for key, value in state.items()}
     compute_dtype = TRAINING_PRECISIONS[precision]["compute_dtype"]
     full, checkpointed = activation_bytes(
-        spec, batch=batch, seq_len=seq_len, compute_dtype=compute_dtype
+        spec, batch=-(-batch // devices), seq_len=seq_len, compute_dtype=compute_dtype
     )
     fixed = sum(state.values())
     return TrainingMemory(
@@ -398,155 +413,17 @@ def training_memory(
         activation_bytes_checkpointed=checkpointed,
         total_bytes=fixed + full,
         total_bytes_checkpointed=fixed + checkpointed,
+        devices=devices,
     )
 
 
 # -- serving ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ServingMemory:
-    """Serving memory at one batch and sequence length (formulas: module docstring).
-
-    Example:
-        >>> ServingMemory("bfloat16", "bfloat16", "bfloat16", 1, 8, 2048, 10, 4, 0, 2, 16).kv_dtype
-        'bfloat16'
-    """
-
-    weights_dtype: str
-    kv_dtype: str
-    compute_dtype: str
-    batch: int
-    seq_len: int
-    prefill_chunk: int
-    weights_bytes: int
-    kv_cache_bytes: int
-    recurrent_state_bytes: int
-    activation_bytes: int
-    total_bytes: int
-
-    def as_dict(self) -> dict:
-        """JSON-ready.
-
-        Example:
-            >>> memory = ServingMemory("int4", "int8", "bfloat16", 1, 1, 1, 1, 1, 0, 1, 3)
-            >>> memory.as_dict()["kv_dtype"]
-            'int8'
-        """
-        return asdict(self)
-
-
-def _recurrent_state_bytes(spec: ModelSpec, batch: int, compute_bytes: int) -> int:
-    if spec.mamba is None:
-        return 0
-    mamba_layers = sum(1 for kind in spec.layer_kinds if kind == "none")
-    per_layer = spec.mamba.inner_size * (spec.mamba.d_state + spec.mamba.d_conv)
-    return batch * mamba_layers * per_layer * compute_bytes
-
-
-def _widest_elements(spec: ModelSpec) -> int:
-    """The widest transient of any one layer, in elements per token (serving)."""
-    widest = 0
-    for index, kind in enumerate(spec.layer_kinds):
-        mixer = _mamba_elements(spec) if kind == "none" else _attention_elements(spec)
-        if _is_moe_layer(spec, index):
-            feed_forward = _moe_elements(spec)
-        else:
-            feed_forward = _mlp_elements(spec, spec.intermediate_size)
-        widest = max(widest, mixer, feed_forward)
-    if spec.is_encoder_decoder:
-        encoder_attention = 4 * spec.encoder_attention_heads * spec.encoder_head_dim
-        encoder_mlp = _mlp_elements(spec, spec.encoder_intermediate_size)
-        widest = max(widest, encoder_attention, encoder_mlp)
-    return widest
-
-
-def _workspace_bytes(
-    spec: ModelSpec,
-    batch: int,
-    seq_len: int,
-    compute_bytes: int,
-    prefill_chunk: int,
-    widest: int,
-) -> int:
-    tokens = batch * seq_len
-    chunk = min(tokens, prefill_chunk) if spec.is_decoder else tokens
-    workspace = chunk * (2 * spec.hidden_size + widest) * compute_bytes
-    if spec.is_decoder:
-        workspace += 4 * batch * spec.vocab_size
-    elif spec.head_kind == "masked_lm":
-        workspace += 4 * chunk * spec.vocab_size
-    return workspace
-
-
-def serving_memory(
-    spec: ModelSpec,
-    *,
-    batch: int,
-    seq_len: int,
-    weights_dtype: str = "bfloat16",
-    kv_dtype: str = "bfloat16",
-    compute_dtype: str = "bfloat16",
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    counts: ParameterCounts | None = None,
-) -> ServingMemory:
-    """Memory to serve `batch` sequences of `seq_len` tokens (formulas: module docstring).
-
-    Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
-        >>> memory = serving_memory(spec, batch=1, seq_len=8192)
-        >>> memory.kv_cache_bytes
-        1073741824
-    """
-    batch, seq_len = _positive("batch", batch), _positive("seq_len", seq_len)
-    prefill_chunk = _positive("prefill_chunk", prefill_chunk)
-    _check_dtype("weights_dtype", weights_dtype)
-    _check_dtype("kv_dtype", kv_dtype)
-    compute_bytes = KV_DTYPE_BITS[_check_dtype("compute_dtype", compute_dtype)] // 8
-    if compute_bytes < 2:
-        raise UsageError(
-            f"compute_dtype={compute_dtype!r}: activations are computed in float32, "
-            "bfloat16 or float16",
-            key="compute_dtype",
-            value=compute_dtype,
-        )
-    counts = counts or parameter_counts(spec)
-    weights = weights_bytes(counts, weights_dtype).total
-    kv = kv_cache_cost(spec, seq_len=seq_len, batch=batch, kv_dtype=kv_dtype).total_bytes
-    recurrent = _recurrent_state_bytes(spec, batch, compute_bytes)
-    workspace = _workspace_bytes(
-        spec, batch, seq_len, compute_bytes, prefill_chunk, _widest_elements(spec)
-    )
-    return ServingMemory(
-        weights_dtype=weights_dtype,
-        kv_dtype=kv_dtype,
-        compute_dtype=compute_dtype,
-        batch=batch,
-        seq_len=seq_len,
-        prefill_chunk=prefill_chunk,
-        weights_bytes=weights,
-        kv_cache_bytes=kv,
-        recurrent_state_bytes=recurrent,
-        activation_bytes=workspace,
-        total_bytes=weights + kv + recurrent + workspace,
-    )
-
-
-def serving_bytes_function(
-    spec: ModelSpec,
-    *,
-    weights_dtype: str = "bfloat16",
-    kv_dtype: str = "bfloat16",
-    compute_dtype: str = "bfloat16",
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    counts: ParameterCounts | None = None,
-) -> Callable[[int, int], int]:
-    """`(batch, seq_len) -> serving_memory(...).total_bytes`, fast enough to search with.
-
-    The KV cache's per-layer layout is read once from `kv_cache_cost`; each call then sums
-    the same terms without building a report (tests check it equals `serving_memory`).
+def serving_bytes_function(spec: ModelSpec, **options) -> Callable[[int, int], int]:
+    """`(batch, seq_len) -> serving_memory(...).total_bytes`, fast enough to search with:
+    a `ServingModel` (`serving.serving_model`, same `options`) reads the KV cache's
+    per-layer layout and the weights once.
 
     Example:
         >>> from keras_mha.hub.config import load_config
@@ -556,42 +433,7 @@ def serving_bytes_function(
         >>> serving(2, 40000) == serving_memory(spec, batch=2, seq_len=40000).total_bytes
         True
     """
-    counts = counts or parameter_counts(spec)
-    probe = serving_memory(
-        spec,
-        batch=1,
-        seq_len=1,
-        weights_dtype=weights_dtype,
-        kv_dtype=kv_dtype,
-        compute_dtype=compute_dtype,
-        prefill_chunk=prefill_chunk,
-        counts=counts,
-    )
-    compute_bytes = KV_DTYPE_BITS[compute_dtype] // 8
-    bits = KV_DTYPE_BITS[kv_dtype]
-    widest = _widest_elements(spec)
-    # At a length no window reaches, a sliding layer's cached tokens are its window.
-    layers = kv_cache_cost(spec, seq_len=SEARCH_LIMIT, kv_dtype=kv_dtype).layers
-    growing = 0  # elements per token of layers that cache every token
-    capped: dict[int, int] = {}  # window -> elements per token of its sliding layers
-    for layer in layers:
-        elements = layer.key_elements_per_token + layer.value_elements_per_token
-        if layer.kind == "sliding" and layer.cached_tokens < SEARCH_LIMIT:
-            capped[layer.cached_tokens] = capped.get(layer.cached_tokens, 0) + elements
-        else:
-            growing += elements
-    capped_items = tuple(capped.items())
-    recurrent_per_row = probe.recurrent_state_bytes
-
-    def serving(batch: int, seq_len: int) -> int:
-        elements = seq_len * growing
-        for window, per_token in capped_items:
-            elements += min(seq_len, window) * per_token
-        kv = -(-batch * elements * bits // 8)
-        workspace = _workspace_bytes(spec, batch, seq_len, compute_bytes, prefill_chunk, widest)
-        return probe.weights_bytes + kv + batch * recurrent_per_row + workspace
-
-    return serving
+    return serving_model(spec, **options)
 
 
 # -- fits ---------------------------------------------------------------------------------------
@@ -643,6 +485,7 @@ class FitPlan:
         serving_bytes, serving_fits: serving memory at the request and whether it fits.
         training_bytes, training_fits: training without checkpointing.
         training_bytes_checkpointed, training_fits_checkpointed: with full checkpointing.
+        weights_bytes: the weights the fullest device holds.
 
     Example:
         >>> FitPlan(1, 1, 1, "int8", "bfloat16", True, 1, 1, {}, 1, True, 2, False, 1, True
@@ -665,6 +508,7 @@ class FitPlan:
     training_fits: bool = False
     training_bytes_checkpointed: int = 0
     training_fits_checkpointed: bool = False
+    weights_bytes: int = 0
 
     def as_dict(self) -> dict:
         """JSON-ready (the `fits` report entry without its display extras)."""
@@ -684,9 +528,16 @@ def plan_fit(
     optimizer: str = "adamw",
     precision: str = "mixed",
     counts: ParameterCounts | None = None,
+    weights_format: WeightsFormat | None = None,
+    placement: Placement | None = None,
 ) -> FitPlan:
     """The largest context and batch that fit `memory_bytes` for serving, per KV dtype,
     and whether training fits (see the module docstring).
+
+    With a `placement` of several devices, `memory_bytes` is what each device offers and
+    every byte figure is that of the fullest device; training is then planned fully
+    sharded (FSDP / ZeRO-3: weights, gradients and optimizer state split across the
+    devices, the batch split between them).
 
     Example:
         >>> from keras_mha.hub.config import load_config
@@ -698,25 +549,30 @@ def plan_fit(
     """
     memory_bytes = _positive("memory_bytes", memory_bytes)
     counts = counts or parameter_counts(spec)
-    by_kv_dtype = {}
+    weights_format = resolve_format(weights_dtype, weights_format)
+    placement = placement or Placement()
+    groups = weight_groups(spec)
+    by_kv_dtype, models = {}, {}
     for dtype in DTYPES:
-        serving = serving_bytes_function(
+        serving = ServingModel(
             spec,
-            weights_dtype=weights_dtype,
+            weights_format=weights_format,
             kv_dtype=dtype,
             compute_dtype=compute_dtype,
             prefill_chunk=prefill_chunk,
-            counts=counts,
+            placement=placement,
+            groups=groups,
         )
+        models[dtype] = serving
         by_kv_dtype[dtype] = {
             "max_seq_len": largest_fitting(lambda n, f=serving: f(batch, n), memory_bytes),
             "max_batch": largest_fitting(lambda n, f=serving: f(n, seq_len), memory_bytes),
             "serving_bytes": serving(batch, seq_len),
         }
-    weights = weights_bytes(counts, weights_dtype).total
+    weights = max(stage.weights_bytes for stage in models[kv_dtype].stages)
     training = training_memory(
         spec, batch=batch, seq_len=seq_len, optimizer=optimizer, precision=precision,
-        counts=counts,
+        counts=counts, devices=placement.devices,
     )  # fmt: skip
     chosen = by_kv_dtype[_check_dtype("kv_dtype", kv_dtype)]
     return FitPlan(
@@ -724,7 +580,7 @@ def plan_fit(
         batch=batch,
         seq_len=seq_len,
         kv_dtype=kv_dtype,
-        weights_dtype=weights_dtype,
+        weights_dtype=weights_format.id,
         weights_fit=weights <= memory_bytes,
         max_seq_len=chosen["max_seq_len"],
         max_batch=chosen["max_batch"],
@@ -735,6 +591,7 @@ def plan_fit(
         training_fits=training.total_bytes <= memory_bytes,
         training_bytes_checkpointed=training.total_bytes_checkpointed,
         training_fits_checkpointed=training.total_bytes_checkpointed <= memory_bytes,
+        weights_bytes=weights,
     )
 
 
@@ -754,6 +611,8 @@ __all__ = [
     "TrainingMemory",
     "WeightsBytes",
     "activation_bytes",
+    "format_weights",
+    "format_weights_by_dtype",
     "largest_fitting",
     "plan_fit",
     "serving_bytes_function",

@@ -134,17 +134,29 @@ def parse_memory_size(text: str, *, flag: str = "--memory") -> int:
     whole, _, fraction = number.partition(".")
     numerator = int(whole or "0") * 10 ** len(fraction) + int(fraction or "0")
     size = numerator * _MEMORY_UNITS[unit] // 10 ** len(fraction)
-    if size <= 0:
-        raise UsageError(f"{flag} {text!r} must be more than 0 bytes", key=flag, value=text)
+    return check_memory_bytes(size, flag=flag, text=text)
+
+
+def check_memory_bytes(size: int, *, flag: str = "--memory", text=None) -> int:
+    """`size` if it is a memory size keras-mha accepts (1 byte to 1 EiB), else UsageError.
+
+    Example:
+        >>> check_memory_bytes(2**30)
+        1073741824
+    """
+    shown = size if text is None else text
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise UsageError(f"{flag} {shown!r} must be more than 0 bytes", key=flag, value=shown)
     if size > MAX_MEMORY_BYTES:
         raise UsageError(
-            f"{flag} {text!r} is more than the 1 EiB keras-mha accepts", key=flag, value=text
+            f"{flag} {shown!r} is more than the 1 EiB keras-mha accepts", key=flag, value=shown
         )
     return size
 
 
 __all__ = [
     "DTYPES",
+    "check_memory_bytes",
     "DTYPE_ALIASES",
     "MAX_MEMORY_BYTES",
     "MAX_SEQ_LEN",

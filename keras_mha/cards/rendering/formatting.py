@@ -1,9 +1,12 @@
 """Numbers as the reports print them: parameter counts in decimal units, bytes in binary
-units, integers with thousands separators.
+units, integers with thousands separators; durations, token rates, FLOP rates and
+bandwidths for the speed bounds.
 
 Example:
     >>> format_count(8030261248), format_bytes(1073741824), format_thousands(131072)
     ('8.03 B', '1.00 GiB', '131,072')
+    >>> format_seconds(0.0123), format_rate(1234.5), format_flops(9.89e14)
+    ('12.3 ms', '1,234 tokens/s', '989 TFLOPS')
 """
 
 from __future__ import annotations
@@ -47,3 +50,65 @@ def format_thousands(value) -> str:
         ('8,192', '-')
     """
     return f"{value:,}" if isinstance(value, int) else "-"
+
+
+def format_seconds(seconds: float | None) -> str:
+    """A duration: `12.3 ms`, `1.50 s`, `2.5 min`.
+
+    Example:
+        >>> format_seconds(90), format_seconds(2e-5)
+        ('1.5 min', '20.0 us')
+    """
+    if seconds is None:
+        return "-"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def format_rate(tokens_per_s: float | None) -> str:
+    """Tokens per second, three significant figures at most below 1000.
+
+    Example:
+        >>> format_rate(12.345), format_rate(0.05)
+        ('12.3 tokens/s', '0.05 tokens/s')
+    """
+    if tokens_per_s is None:
+        return "-"
+    if tokens_per_s >= 1000:
+        return f"{tokens_per_s:,.0f} tokens/s"
+    if tokens_per_s >= 10:
+        return f"{tokens_per_s:.1f} tokens/s"
+    return f"{tokens_per_s:.2g} tokens/s"
+
+
+def format_flops(flops: float) -> str:
+    """A FLOP rate or count in SI units: `989 TFLOPS`, `2.25 PFLOPS`.
+
+    Example:
+        >>> format_flops(2.25e15)
+        '2.25 PFLOPS'
+    """
+    units = ((1e15, "PFLOPS"), (1e12, "TFLOPS"), (1e9, "GFLOPS"), (1, "FLOPS"))
+    return _three_figures(flops, units)
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    """Bytes per second in decimal units, as datasheets give them: `3.35 TB/s`.
+
+    Example:
+        >>> format_bandwidth(8.19e11)
+        '819 GB/s'
+    """
+    return _three_figures(bytes_per_s, ((1e12, "TB/s"), (1e9, "GB/s")))
+
+
+def _three_figures(value: float, units: tuple[tuple[float, str], ...]) -> str:
+    """`value` in the first of `units` (scale, name) it reaches, else the last, to three
+    significant figures."""
+    scale, name = next(((scale, name) for scale, name in units if value >= scale), units[-1])
+    return f"{value / scale:.3g} {name}"

@@ -1,6 +1,6 @@
 """Build the `keras-mha inspect` report (a JSON-ready dict) and render it as text or markdown.
 
-The report's core keys are fixed by the README ("JSON output") and never change meaning:
+The report's core keys never change meaning (docs/reference/json.md, "The contract"):
 
     model, source, model_type,
     attention{kind, num_layers, num_attention_heads, num_key_value_heads, head_dim,
@@ -13,7 +13,8 @@ Extra keys add detail: `revision`, `commit`, `source_note`, `architecture`,
 `parameters.active` (MoE, else null), `parameters.breakdown`, `parameters.vision`
 (multimodal vision tower + projector, else null), `kv_cache_by_seq_len`
 (one `kv_cache`-shaped entry per requested length, in the order asked),
-`bundled_card` (provenance of a bundled snapshot) and `warnings`.
+`bundled_card` (provenance of a bundled snapshot) and `warnings`; with a memory size,
+`fits` and `speed_bounds` (keras_mha.cards.rendering.memory_report).
 
 With several sequence lengths, `kv_cache` is the LAST one requested (so
 `--seq-len 4096,32768` reports 32768 there) and `kv_cache_by_seq_len` lists all.
@@ -37,6 +38,7 @@ from collections.abc import Sequence
 from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
 from keras_mha.cards.rendering import memory_report
 from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
+from keras_mha.cards.rendering.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
 from keras_mha.hub import bundled
 from keras_mha.safe_text import visible
 
@@ -114,6 +116,7 @@ def build_report(
     batch: int = 1,
     kv_dtype: str = "bfloat16",
     memory_request=None,
+    checkpoint_size=None,
 ) -> dict:
     """The inspect report for one model, as a JSON-ready dict (keys: see the module docstring).
 
@@ -185,15 +188,14 @@ def build_report(
         "warnings": list(spec.warnings),
     }
     memory_request = memory_request or memory_report.MemoryRequest()
-    report["memory"] = memory_report.memory_entry(
-        spec, batch=batch, seq_len=seq_lens[-1], kv_dtype=kv_dtype, request=memory_request,
-        counts=counts,
-    )  # fmt: skip
-    if memory_request.memory_bytes is not None:
+    request = dict(batch=batch, seq_len=seq_lens[-1], kv_dtype=kv_dtype, request=memory_request)
+    report["memory"] = memory_report.memory_entry(spec, **request, counts=counts)
+    report["memory"]["checkpoint_bytes"] = checkpoint_size.as_dict() if checkpoint_size else None
+    if memory_request.device_set() is not None:
         report["fits"] = memory_report.fits_entry(
-            spec, batch=batch, seq_len=seq_lens[-1], kv_dtype=kv_dtype,
-            request=memory_request, context_length=report["context_length"], counts=counts,
-        )  # fmt: skip
+            spec, **request, context_length=report["context_length"], counts=counts
+        )
+        report["speed_bounds"] = memory_report.speed_entry(spec, **request)
     report["warnings"] += _beyond_context_warnings(seq_lens, report["context_length"])
     report["warnings"] += memory_report.fits_warnings(report)
     if loaded.source == "bundled":
@@ -325,8 +327,10 @@ def _escaped(value, escape):
 # -- renderers ---------------------------------------------------------------------------------
 
 
-def render_table(report: dict) -> str:
-    """Readable aligned text: attention layout, parameters with breakdown, KV cache per length.
+def render_table(report: dict, width: int = DEFAULT_WIDTH) -> str:
+    """Readable aligned text within `width` columns (`text.UNLIMITED`: no wrapping): with a
+    memory size, the verdict first; then the attention layout, parameters with breakdown,
+    KV cache per length, memory, speed bounds and warnings.
 
     Example:
         >>> from keras_mha.hub.config import load_config
@@ -334,8 +338,8 @@ def render_table(report: dict) -> str:
         >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
         >>> spec = from_config(loaded.config, model_id=loaded.model_id)
         >>> text = render_table(build_report(loaded, spec, seq_lens=[8192]))
-        >>> "8,030,261,248" in text
-        True
+        >>> "8,030,261,248" in text, max(len(line) for line in text.splitlines()) <= 80
+        (True, True)
     """
     report = _escaped(report, terminal_text)
     attention = report["attention"]
@@ -353,11 +357,15 @@ def render_table(report: dict) -> str:
     ]
     if report.get("context_length"):
         rows.append(("context length", f"{report['context_length']:,}"))
-    lines = [report["model"], "=" * len(report["model"])]
+    title = report["model"]
+    lines = [title, "=" * min(len(title), width)]
     if report.get("source_note"):
-        lines.append(f"note: {report['source_note']}")
+        lines += wrap(f"note: {report['source_note']}", width, "", "  ")
+    if report.get("fits"):
+        lines += memory_report.fits_table_lines(report, width)[1:] + [""]
     label_width = max(len(label) for label, _ in rows)
-    lines += [f"{label:<{label_width}}  {value}" for label, value in rows]
+    for label, value in rows:
+        lines += wrap(value, width, f"{label:<{label_width}}  ", " " * (label_width + 4))
 
     lines += ["", "parameters"]
     parameter_rows = [("total", parameters["total"])]
@@ -382,29 +390,30 @@ def render_table(report: dict) -> str:
     kv = report["kv_cache"]
     lines += ["", f"KV cache ({kv['dtype']}, batch {kv['batch']})"]
     if kv.get("applicable") is False:
-        lines.append(f"  none: {kv.get('note') or 'this model keeps no KV cache'}")
-        return "\n".join(lines + memory_report.memory_table_lines(report) + _warning_lines(report))
-    header = ("seq len", "per token", "total", "MHA equivalent", "saving vs MHA")
-    table = [header] + [
-        (
-            f"{entry['seq_len']:,}",
-            format_bytes(_next_token_bytes(entry)),
-            format_bytes(entry["total_bytes"]),
-            format_bytes(entry["mha_equivalent_bytes"]),
-            _saving(entry),
+        lines += wrap(f"none: {kv.get('note') or 'this model keeps no KV cache'}", width,
+                      "  ", "    ")  # fmt: skip
+    else:
+        header = ("seq len", "per token", "total", "MHA equivalent", "saving vs MHA")
+        table = [header] + [
+            (
+                f"{entry['seq_len']:,}",
+                format_bytes(_next_token_bytes(entry)),
+                format_bytes(entry["total_bytes"]),
+                format_bytes(entry["mha_equivalent_bytes"]),
+                _saving(entry),
+            )
+            for entry in report["kv_cache_by_seq_len"]
+        ]
+        lines += aligned(table, (True, True, True, True, False))
+        lines.append(
+            f"  {format_bytes(kv['total_bytes'])} = {kv['total_bytes']:,} bytes at "
+            f"{kv['seq_len']:,} tokens"
         )
-        for entry in report["kv_cache_by_seq_len"]
-    ]
-    widths = [max(len(row[column]) for row in table) for column in range(len(header))]
-    for row in table:
-        cells = [cell.rjust(width) for cell, width in zip(row[:-1], widths[:-1], strict=True)]
-        lines.append("  " + "  ".join(cells + [row[-1]]))
-    lines.append(
-        f"  {format_bytes(kv['total_bytes'])} = {kv['total_bytes']:,} bytes at "
-        f"{kv['seq_len']:,} tokens"
-    )
-    lines += [f"  note: {note}" for note in _kv_notes(kv)]
-    return "\n".join(lines + memory_report.memory_table_lines(report) + _warning_lines(report))
+        for note in _kv_notes(kv):
+            lines += wrap(f"note: {note}", width, "  ", "    ")
+    report_without_fits = {key: value for key, value in report.items() if key != "fits"}
+    lines += memory_report.memory_table_lines(report_without_fits, width)
+    return "\n".join(lines + _warning_lines(report, width))
 
 
 def _next_token_bytes(entry: dict) -> int:
@@ -412,10 +421,13 @@ def _next_token_bytes(entry: dict) -> int:
     return entry.get("marginal_bytes_per_token", entry["bytes_per_token"])
 
 
-def _warning_lines(report: dict) -> list[str]:
+def _warning_lines(report: dict, width: int = DEFAULT_WIDTH) -> list[str]:
     if not report.get("warnings"):
         return []
-    return ["", "warnings"] + [f"  - {warning}" for warning in report["warnings"]]
+    lines = ["", "warnings"]
+    for warning in report["warnings"]:
+        lines += wrap(warning, width, "  - ", "    ")
+    return lines
 
 
 def _kv_notes(kv: dict) -> list[str]:
@@ -487,6 +499,8 @@ def render_markdown(report: dict) -> str:
     lines += [summary, ""]
     if report.get("source_note"):
         lines += [f"> Note: {report['source_note']}", ""]
+    fits = memory_report.fits_markdown_lines(report)
+    lines += fits[1:] + [""] if fits else []
 
     lines += ["## Attention", "", "| property | value |", "|---|---|"]
     attention_rows = [
@@ -569,7 +583,7 @@ def render_markdown(report: dict) -> str:
         "config.json alone, without downloading weights.</sub>",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(wrap_markdown(lines))
 
 
 __all__ = [
