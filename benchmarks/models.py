@@ -92,6 +92,35 @@ def scaled_config(config: dict, scale: int) -> dict:
     return config
 
 
+def check_sizes(config: dict, arguments, dtype: str) -> None:
+    """Refuse a prompt and new tokens past the card's positions, or a batch whose memory
+    exceeds the device's (and, with transformers beside, this machine's RAM)."""
+    from keras_mha.cards.spec import from_config
+    from keras_mha.errors import UsageError
+    from keras_mha.models.limits import check_memory, device_memory, host_memory
+
+    length = arguments.prompt_length + arguments.new_tokens
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, int) and length > positions:
+        raise UsageError(
+            f"--prompt-length {arguments.prompt_length} + --new-tokens {arguments.new_tokens} "
+            f"= {length} positions, past the card's max_position_embeddings={positions}",
+            key="--prompt-length",
+        )
+    spec = from_config(config)
+    flags = "--batch / --prompt-length / --new-tokens"
+    for memory in (device_memory(), None if arguments.no_transformers else host_memory()):
+        if memory is not None:
+            check_memory(
+                spec,
+                batch=arguments.batch,
+                seq_len=length,
+                dtype=dtype,
+                argument=flags,
+                memory=memory,
+            )
+
+
 def median_seconds(function, repeats):
     function()  # warm-up: compiles
     times = []
@@ -140,6 +169,7 @@ def model_results(arguments) -> dict:
     if not arguments.full_size:
         config = scaled_config(config, arguments.scale)
     config["torch_dtype"] = dtype
+    check_sizes(config, arguments, dtype)
     hf_config = transformers.AutoConfig.for_model(**config)
     torch.manual_seed(0)
     with warnings.catch_warnings():

@@ -20,7 +20,11 @@ import argparse
 import json
 from pathlib import Path
 
-from keras_mha.commands.options import add_hub_arguments, add_text_batching_arguments
+from keras_mha.commands.options import (
+    add_hub_arguments,
+    add_text_batching_arguments,
+    fit_text_batching_to_model,
+)
 from keras_mha.commands.output import write_stdout
 from keras_mha.errors import MissingDependencyError, UnsupportedModelError, UsageError
 
@@ -224,6 +228,7 @@ def run(arguments) -> int:
     from keras_mha.pruning.discovery import find_attention_layers
 
     model = load_model(arguments)
+    fit_text_batching_to_model(model, arguments)
     _require_attention(model, arguments)
     tokenizer = model_tokenizer(model, arguments.tokenizer, argument="--tokenizer")
     progress = None if arguments.format != "json" else False

@@ -88,6 +88,9 @@ def add_text_batching_arguments(
     """Add `--max-tokens`, `--seq-len` and `--batch-size` (also spelled `--batch`, as
     `inspect` and `compare` spell it), positive integers, to a parser.
 
+    `--seq-len` stays None unless given: `fit_text_batching_to_model` then makes it
+    `DEFAULT_SEQ_LEN`, or the model's `max_position_embeddings` when that is smaller.
+
     Example:
         >>> parser = argparse.ArgumentParser()
         >>> add_text_batching_arguments(parser, text_flag="--data", seq_len_help="tokens per "
@@ -96,10 +99,20 @@ def add_text_batching_arguments(
         >>> arguments.seq_len, arguments.batch_size
         (64, 4)
     """
-    for flags, default, help_text in (
-        (("--max-tokens",), DEFAULT_MAX_TOKENS, f"use at most this many tokens of {text_flag}"),
-        (("--seq-len",), DEFAULT_SEQ_LEN, seq_len_help),
-        (("--batch-size", "--batch"), DEFAULT_BATCH_SIZE, batch_help),
+    for flags, default, shown_default, help_text in (
+        (
+            ("--max-tokens",),
+            DEFAULT_MAX_TOKENS,
+            DEFAULT_MAX_TOKENS,
+            f"use at most this many tokens of {text_flag}",
+        ),
+        (
+            ("--seq-len",),
+            None,
+            f"{DEFAULT_SEQ_LEN}, or the model's max_position_embeddings when smaller",
+            f"{seq_len_help}, at most the model's max_position_embeddings",
+        ),
+        (("--batch-size", "--batch"), DEFAULT_BATCH_SIZE, DEFAULT_BATCH_SIZE, batch_help),
     ):
         alias = f"; also {flags[1]}" if len(flags) > 1 else ""
         parser.add_argument(
@@ -107,7 +120,42 @@ def add_text_batching_arguments(
             dest=flags[0].removeprefix("--").replace("-", "_"),
             type=positive_int_type(flags[0]),
             default=default,
-            help=f"{help_text} (default {default}{alias})",
+            help=f"{help_text} (default {shown_default}{alias})",
+        )
+
+
+def fit_text_batching_to_model(model, arguments) -> None:
+    """Fit `--seq-len` to the model's positions (its default shrinks to them; a larger
+    value is refused) and refuse a `--batch-size` of such sequences that the device's
+    memory cannot hold, before any work.
+
+    Raises:
+        UsageError: naming the flag, the value and the limit.
+
+    Example:
+        >>> fit_text_batching_to_model(model, arguments)  # doctest: +SKIP
+    """
+    from keras_mha.errors import UsageError
+    from keras_mha.models.limits import check_memory, max_positions, model_spec
+
+    positions = max_positions(model)
+    if arguments.seq_len is None:
+        arguments.seq_len = min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN)
+    elif positions is not None and arguments.seq_len > positions:
+        raise UsageError(
+            f"--seq-len {arguments.seq_len}: this model has max_position_embeddings={positions}; "
+            f"expected at most {positions}",
+            key="--seq-len",
+            value=arguments.seq_len,
+        )
+    spec = model_spec(model)
+    if spec is not None:
+        check_memory(
+            spec,
+            batch=arguments.batch_size,
+            seq_len=arguments.seq_len,
+            dtype=str(getattr(model, "compute_dtype", None) or "float32"),
+            argument="--batch-size / --seq-len",
         )
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from keras_mha.commands.options import (
     add_hub_arguments,
     add_text_batching_arguments,
+    fit_text_batching_to_model,
     positive_int_type,
 )
 from keras_mha.errors import ExportError, PruningError, UsageError
@@ -160,7 +161,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
-    from keras_mha.models.export_files import check_output_file, check_output_folder, parse_size
+    from keras_mha.models.export_files import (
+        check_not_in_source,
+        check_output_file,
+        check_output_folder,
+        parse_size,
+    )
 
     if arguments.method not in METHODS:
         raise UsageError(
@@ -187,14 +193,18 @@ def _check_arguments(arguments):
             key="--max-shard-size",
             value=arguments.max_shard_size,
         ) from error
-    source = Path(arguments.source)
-    check_output_folder(
-        arguments.out,
-        overwrite=arguments.overwrite,
-        source=source if source.is_dir() else None,
-    )
+    source = Path(arguments.source).expanduser()
+    sources = [source] if source.is_dir() else []
+    check_output_folder(arguments.out, overwrite=arguments.overwrite, source=sources)
+    if sources:
+        from keras_mha.models.export import source_files
+
+        source_files(source)  # the files the export copies stay inside SOURCE
     if arguments.heatmap:
         check_output_file(arguments.heatmap, suffix=".png", argument="--heatmap")
+        check_not_in_source(
+            arguments.heatmap, sources, argument="--heatmap", shown=arguments.heatmap
+        )
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
@@ -483,6 +493,7 @@ def run(arguments) -> int:
         offline=True if arguments.offline else None, timeout=arguments.timeout,
     )  # fmt: skip
     kind = exporting.model_kind(model)
+    fit_text_batching_to_model(model, arguments)
     # Refuse a target the layers cannot take before any measuring or scoring.
     _choose_heads(model, _uniform_scores(model), arguments)
     directory = exporting.source_directory(model)
@@ -576,7 +587,8 @@ def _export(model, arguments):
             raise ExportError("the pruned model is not uniform although --uniform was given")
         from keras_mha.models.export_files import output_folder
 
-        with output_folder(arguments.out, overwrite=arguments.overwrite) as staging:
+        source = exporting.source_directory(model)
+        with output_folder(arguments.out, overwrite=arguments.overwrite, source=source) as staging:
             model.save(staging / "model.keras")
         out = Path(arguments.out)
         return {

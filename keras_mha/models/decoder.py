@@ -23,13 +23,14 @@ import math
 import keras
 from keras import ops
 
+from keras_mha.errors import UsageError
 from keras_mha.models.blocks import DecoderBlock, make_norm
 from keras_mha.models.direct_calls import run
-from keras_mha.models.inputs import check_token_ids, unpack_inputs
+from keras_mha.models.inputs import CheckedInputs, as_arrays, check_token_ids, unpack_inputs
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
-class DecoderModel(keras.Model):
+class DecoderModel(CheckedInputs, keras.Model):
     """A decoder-only causal LM: embeddings, `DecoderBlock`s, final norm, LM head.
 
     Args:
@@ -183,20 +184,24 @@ class DecoderModel(keras.Model):
     def _key_mask(padding_mask):
         return None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
 
-    def __call__(self, inputs, *args, **kwargs):
-        # Checked before Keras's __call__, which would wrap the error in a long report.
+    def check_inputs(self, inputs):
+        """`inputs` with Python lists made arrays; refused when an id is outside the
+        vocabulary (`CheckedInputs` runs this on every call and every batch)."""
+        inputs = as_arrays(inputs)
         token_ids, _, _ = unpack_inputs(inputs)
         check_token_ids(token_ids, self.vocab_size)
         self.check_length(token_ids.shape[1])
-        return super().__call__(inputs, *args, **kwargs)
+        return inputs
 
     def check_length(self, length, argument="token_ids"):
-        """ValueError when `length` positions exceed a learned position table."""
+        """UsageError (a ValueError) when `length` positions exceed a learned position table."""
         rows = self.max_position_embeddings
         if rows is not None and isinstance(length, int) and length > rows:
-            raise ValueError(
+            raise UsageError(
                 f"{argument} needs {length} positions; this model has "
-                f"max_position_embeddings={rows}"
+                f"max_position_embeddings={rows}",
+                key=argument,
+                value=length,
             )
 
     def hidden_states(self, inputs):

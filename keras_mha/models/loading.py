@@ -19,15 +19,18 @@ Example:
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
-from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
+from keras_mha.cards.config_values import shown
+from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError, UsageError
+from keras_mha.models.local_files import file_in_folder
 from keras_mha.models.safetensors_reader import (
     INDEX_FILE_NAME,
     SINGLE_FILE_NAME,
     SafetensorsCheckpoint,
+    count_nonfinite,
+    read_weight_map,
 )
 from keras_mha.models.supported import activation_name, built_family
 from keras_mha.models.weight_names import (
@@ -174,6 +177,7 @@ def _local_directory(source: str, revision) -> Path | None:
             f"config.json and {SINGLE_FILE_NAME} (or {INDEX_FILE_NAME} and its shards)",
             path=str(path),
         )
+    file_in_folder(path, "config.json")  # a symlink leading out of the folder is refused
     return path
 
 
@@ -210,14 +214,7 @@ def _hub_checkpoint(source: str, revision, token, hub=None) -> tuple[dict, Path]
 
     index = download(INDEX_FILE_NAME)
     if index is not None:
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CheckpointError(
-                f"{source}: {INDEX_FILE_NAME} is not a safetensors index ({error})",
-                model_id=source,
-            ) from None
-        for shard in shards:
+        for shard in sorted(set(read_weight_map(index).values())):
             if Path(shard).name != shard or download(shard) is None:
                 raise CheckpointError(
                     f"{source}: shard {shard!r} named in {INDEX_FILE_NAME} could not be fetched",
@@ -272,7 +269,11 @@ def choose_dtype(config: dict, dtype: str | None) -> str:
     if dtype is not None:
         dtype = str(dtype)
         if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype={dtype!r}; expected one of {list(SUPPORTED_DTYPES)} or None")
+            raise UsageError(
+                f"dtype={shown(dtype)}; expected one of {list(SUPPORTED_DTYPES)} or None",
+                key="dtype",
+                value=dtype,
+            )
         return dtype
     declared = config.get("torch_dtype") or config.get("dtype")
     if isinstance(config.get("text_config"), dict):
@@ -378,6 +379,7 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     for rule in bound:
         variables = [resolve(model, path) for path in rule.variables]
         tensor = checkpoint.read(rule.hub_name)
+        _warn_if_nonfinite(checkpoint, rule.hub_name, tensor)
         values = TRANSFORMS[rule.transform].to_keras(tensor, [tuple(v.shape) for v in variables])
         del tensor
         # A fused tensor's parts are views of one buffer: each variable gets its own copy.
@@ -388,6 +390,18 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
         _return_freed_memory()
     initialize_rest(model.variables)
     return sources
+
+
+def _warn_if_nonfinite(checkpoint: SafetensorsCheckpoint, key: str, tensor) -> None:
+    """A warning naming a tensor that holds NaN or infinite values (one pass over its bits)."""
+    count = count_nonfinite(tensor)
+    if count:
+        warnings.warn(
+            f"{checkpoint.file_of(key)}: tensor {key!r} holds {count} NaN or infinite "
+            f"value(s) of {tensor.size}; outputs that depend on it will be NaN or inf",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _return_freed_memory():
@@ -422,9 +436,15 @@ def from_pretrained(
 
     Raises:
         CheckpointError: no config.json or safetensors; tensors missing, unexpected or of
-            a shape the config does not imply.
+            a shape the config does not imply; a malformed safetensors file or index; a
+            file that resolves outside the folder (a `..` shard name, a symlink leading
+            elsewhere).
         ConfigError: a config value that cannot be read.
         UnsupportedModelError: a family or feature keras_mha.models does not build.
+        UsageError: `source` or `dtype` is not one of the values expected.
+
+    Warns:
+        UserWarning: a tensor holds NaN or infinite values (named, with their count).
 
     Example:
         >>> model = from_pretrained("path/to/tiny-llama")  # doctest: +SKIP
@@ -436,7 +456,9 @@ def from_pretrained(
     from keras_mha.models.deferred import deferred_variables
 
     if not isinstance(source, (str, Path)) or not str(source).strip():
-        raise ValueError(f"source={source!r}; expected a local folder or a Hub model id")
+        raise UsageError(
+            f"source={shown(source)}; expected a local folder or a Hub model id", key="source"
+        )
     source = str(source).strip()
     directory = _local_directory(source, revision)
     if directory is not None:

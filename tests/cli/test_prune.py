@@ -271,13 +271,49 @@ def test_table_output_and_non_uniform_keras_model(sources, tmp_path, capsys):
     assert heads == [4, 8]
 
 
+@torch_leg_only
+def test_default_flags_fit_a_small_encoder_and_overwrite_keeps_other_files(
+    sources, tmp_path, capsys
+):
+    """A BERT of 64 positions on default flags (the default --seq-len of 128 shrinks to
+    them), in bfloat16, into a checkpoint folder that also holds the user's notes."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_text("an earlier export")
+    (out / "notes.txt").write_text("mine")
+    report = _prune_json(
+        capsys,
+        sources["encoder"],
+        "--target",
+        "4",
+        "--method",
+        "magnitude",
+        "--dtype",
+        "bfloat16",
+        "--out",
+        out,
+        "--overwrite",
+        "--latency-runs",
+        "1",
+    )
+    assert report["dtype"] == "bfloat16" and report["export"]["dtype"] == "bfloat16"
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*report["export"]["files"], "notes.txt"]
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_attention_heads"] == 4 and config["max_position_embeddings"] == 64
+
+
 @pytest.mark.parametrize(
     "source, arguments, code, message",
     [
         ("decoder", ["--target", "16", "--method", "magnitude"], 16, "at most 6 can go"),
         ("decoder", ["--target", "3", "--method", "magnitude"], 16, "multiple of 2"),
         ("decoder", ["--target", "25%", "--method", "bogus"], 2, "--method 'bogus' is not"),
-        ("decoder", ["--target", "25%", "--seq-len", "4096"], 2, "too short to score heads"),
+        ("decoder", ["--target", "25%", "--seq-len", "4096"], 2, "--seq-len 4096: .*=64; "),
+        ("decoder", ["--target", "25%", "--max-tokens", "40"], 2, "too short to score heads"),
         ("decoder", ["--target", "25%", "--method", "taylor"], 2, "pass --data FILE"),
         # One sentence per batch has a contrastive loss of exactly 0: nothing to score with.
         ("encoder", ["--target", "4", "--batch-size", "1"], 2, "--batch-size 1: .*at least 2$"),

@@ -86,16 +86,24 @@ def test_truncated_and_inconsistent_files_are_named(tmp_path):
         file.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length : len(data) - cut])
         return SafetensorsCheckpoint(tmp_path)
 
-    with pytest.raises(CheckpointError, match=r"tensor 'w' needs 16384 bytes.*truncated") as error:
-        write(cut=100).read("w")
+    # Refused when opened, by the safetensors library's own validation.
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors: not a .*partial download"
+    ) as error:
+        write(cut=100)
     assert "\n" not in str(error.value)
     header = json.loads(data[8 : 8 + length])
     header["w"]["shape"] = [64, 65]  # the offsets still span 64 x 64 floats
-    with pytest.raises(CheckpointError, match=r"'w' has data_offsets \[0, 16384\].*16640 bytes"):
-        write(header).read("w")
+    with pytest.raises(CheckpointError, match=r"invalid shape, data type, or offset for tensor"):
+        write(header)
     header["w"]["shape"] = "64x64"
-    with pytest.raises(CheckpointError, match=r"header entry of tensor 'w' .*'shape' list"):
-        write(header).shape_of("w")
+    with pytest.raises(CheckpointError, match=r"not a valid safetensors file \(invalid JSON"):
+        write(header)
+    # A file cut after it was opened: named when the tensor is read.
+    checkpoint = write()
+    file.write_bytes(data[:-100])
+    with pytest.raises(CheckpointError, match=r"tensor 'w' needs 16384 bytes.*truncated"):
+        checkpoint.read("w")
 
 
 # -- deferred variables ----------------------------------------------------------------------

@@ -175,7 +175,7 @@ def test_learned_positions_bound_the_length(tmp_path_factory):
     with pytest.raises(ValueError, match=r"token_ids needs 40 positions; .*=32") as error:
         model(np.ones((1, 40), dtype="int32"))
     assert "\n" not in str(error.value)
-    with pytest.raises(ValueError, match=r"the prompt and max_new_tokens needs 35 positions"):
+    with pytest.raises(ValueError, match=r"max_new_tokens=5: .* 35 positions"):
         generate(model, [[5] * 30], 5)
 
 
