@@ -10,7 +10,7 @@ Example:
     >>> from keras_mha.layers import GroupedQueryAttention
     >>> attention = GroupedQueryAttention(4, 2, head_dim=16, causal=True, use_rope=True)
     >>> block = DecoderBlock(64, 128, attention, activation="silu")
-    >>> block(keras.random.normal((1, 5, 64))).shape
+    >>> tuple(block(keras.random.normal((1, 5, 64))).shape)
     (1, 5, 64)
 """
 
@@ -63,7 +63,7 @@ class RMSNorm(keras.layers.Layer):
             1 for Gemma, whose checkpoints store `scale - 1`.
 
     Example:
-        >>> RMSNorm(1e-6)(keras.ops.ones((1, 2, 8))).shape
+        >>> tuple(RMSNorm(1e-6)(keras.ops.ones((1, 2, 8))).shape)
         (1, 2, 8)
     """
 
