@@ -29,8 +29,8 @@ An HTML comment on the line before a block changes how it runs:
 
 A block needs a Keras backend, and so runs in every leg of the test command, when it runs
 keras: a python block that mentions `keras` other than through `import keras_mha`,
-`keras_mha.cards` (but for `build_attention` and `load_attention_weights`), `.hub`,
-`.errors` or `.plan`; a command that runs `python` or `keras-mha prune|bench|heads|convert`.
+`keras_mha.cards`, `.families`, `.hub`, `.errors` or `.plan`; a command that runs `python` or
+`keras-mha prune|bench|heads|convert`.
 Every other block runs once, in the leg of the backend-independent tests.
 
 `python tests/docs_examples.py --update FILE...` writes each console block's actual output
@@ -60,13 +60,12 @@ FENCE = re.compile(
     r"^(?P<indent> *)```(?P<language>[\w-]*)[^\n]*\n(?P<code>.*?)^(?P=indent)```$", re.M | re.S
 )
 MARKER = re.compile(r"<!-- test: (?P<kind>skip|subprocess|only|once)(?: (?P<reason>.*?))? -->\s*$")
-# Python that uses keras-mha without keras: the model cards, the Hub, the planner and the
-# error classes (`import keras_mha` itself imports no keras: its layers load on first use).
+# Python that uses keras-mha without keras: the model cards, the families, the Hub, the
+# planner and the error classes (`import keras_mha` itself imports no keras: its layers
+# load on first use).
 KERAS_FREE_MODULES = re.compile(
-    r"\bkeras_mha\.(cards|errors|hub|plan|Plan)\b|\bimport keras_mha$|keras-mha", re.M
+    r"\bkeras_mha\.(cards|families|errors|hub|plan|Plan)\b|\bimport keras_mha$|keras-mha", re.M
 )
-# ... except the names of keras_mha.cards that build Keras layers.
-KERAS_NAMES = re.compile(r"\b(build_attention|load_attention_weights)\b")
 BACKEND_COMMANDS = re.compile(r"\bkeras-mha (prune|bench|heads|convert)\b|(^|[\s;&|(])python3?\b")
 SHELL_OPERATORS = re.compile(r"[|;&<>]")
 
@@ -93,8 +92,7 @@ class Block:
         if self.subprocess:  # it sets up its own process, the backend included
             return False
         if self.language == "python":
-            keras_free = KERAS_FREE_MODULES.sub("", self.code)
-            return "keras" in keras_free or bool(KERAS_NAMES.search(self.code))
+            return "keras" in KERAS_FREE_MODULES.sub("", self.code)
         return bool(BACKEND_COMMANDS.search(self.code))
 
 

@@ -55,6 +55,7 @@ def page_text(site: Path, page: str) -> str:
 def test_site_builds_strictly_with_generated_reference(built_site):
     from keras_mha import errors
     from keras_mha.cli import build_parser
+    from keras_mha.families import unique_families
 
     cli = page_text(built_site, "reference/cli")
     subcommands = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices)
@@ -72,6 +73,8 @@ def test_site_builds_strictly_with_generated_reference(built_site):
     assert (built_site / "reference/cards/meta-llama/Meta-Llama-3-8B/index.html").is_file()
     api = page_text(built_site, "reference/api/pruning")
     assert "HeadPruning" in api and "prune_heads" in api
+    exports = page_text(built_site, "guides/prune-checkpoint")  # the table of families
+    assert all(f.name in exports for f in unique_families() if f.head_size_in_config)
 
 
 @pytest.mark.backend_independent

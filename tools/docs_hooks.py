@@ -6,6 +6,7 @@ A page asks for a generated section with a marker alone on a line:
     <!-- generated: exit-codes -->               `keras_mha.errors`' classes and exit codes
     <!-- generated: gpus -->                     the planner's `--gpu` table
     <!-- generated: cards -->                    the bundled cards, one row each
+    <!-- generated: export-sizes -->             which families export a smaller pruned checkpoint
     <!-- generated: api keras_mha.models -->     every name in a module's `__all__`
 
 and each bundled card's `card.md` becomes a page `reference/cards/<org>/<name>.md`. The
@@ -266,6 +267,48 @@ def cards_table() -> str:
     return table(header, rows)
 
 
+# ----------------------------------------------------------------------------- pruned exports
+# What each `Family.head_size_in_config` layout means for a pruned export (the rule itself:
+# `keras_mha.models.export`): what the config can state, and what the export holds.
+EXPORT_LAYOUTS = {
+    "explicit": (
+        "`head_dim`",
+        "fewer `num_attention_heads` / `num_key_value_heads`, `head_dim` explicit: genuinely "
+        "smaller, and so is its KV cache",
+    ),
+    "explicit_divisor": (
+        "`head_dim`, and transformers requires `hidden_size % num_attention_heads == 0`",
+        "smaller when the heads left divide `hidden_size` (e.g. 50%); otherwise zero heads are "
+        "added inside each KV group up to the next count that does (the KV heads, and so the "
+        "KV cache, stay pruned), with a warning",
+    ),
+    "derived": (
+        "nothing: the head size is `hidden_size / num_attention_heads`",
+        "every head kept, the removed heads' weights zeroed: the same outputs, a file of the "
+        "same size, a warning and a note in the report",
+    ),
+}
+
+
+def export_sizes() -> str:
+    """One row per `head_size_in_config` layout, naming the families of the registry that
+    `from_pretrained` builds with it.
+
+    Example:
+        >>> "`mistral`" in export_sizes().split("\\n")[2]  # doctest: +SKIP
+        True
+    """
+    from keras_mha.families import unique_families
+    from keras_mha.families._family import HEAD_SIZE_LAYOUTS
+
+    rows = []
+    for layout in HEAD_SIZE_LAYOUTS:
+        states, export = EXPORT_LAYOUTS[layout]
+        names = sorted(f.name for f in unique_families() if f.head_size_in_config == layout)
+        rows.append([", ".join(f"`{name}`" for name in names), states, export])
+    return table(["families (`model_type`)", "the config states", "the pruned export"], rows)
+
+
 # ----------------------------------------------------------------------------- Python API
 # The modules that have an API page ({module: page}), found by on_files; a name several of
 # them export is documented once, on the page of the module it is defined under.
@@ -326,9 +369,14 @@ def api_reference(module_name: str, pages: dict[str, str] | None = None) -> str:
     return "\n\n".join(entries)
 
 
+# A constant whose repr is longer is summarised (a registry of records is pages long).
+CONSTANT_REPR_LIMIT = 200
+
+
 def constant_reference(path: str, value: object) -> str:
     """A public constant: a sequence of dataclass records (a rule table) as a Markdown table
-    of their fields, anything else as its repr.
+    of their fields; a short value as its repr; a long mapping by its keys, another long
+    value by its type and length.
 
     Example:
         >>> Rule = dataclasses.make_dataclass("Rule", ["role", "threshold"])
@@ -338,6 +386,8 @@ def constant_reference(path: str, value: object) -> str:
         | role | threshold |
         |---|---|
         | self | 0.5 |
+        >>> constant_reference("m.TABLE", {str(n): "x" * 50 for n in range(5)})
+        '`m.TABLE`: a dict of 5 entries, keyed by `0`, `1`, `2`, `3`, `4`'
     """
     records = list(value) if isinstance(value, (tuple, list)) else []
     if records and all(dataclasses.is_dataclass(record) for record in records):
@@ -345,7 +395,13 @@ def constant_reference(path: str, value: object) -> str:
         rows = [[_record_value(getattr(record, f)) for f in fields] for record in records]
         kind = f"a {type(value).__name__} of `{type(records[0]).__name__}`"
         return f"`{path}`: {kind}\n\n" + table(fields, rows)
-    return f"`{path}` = `{value!r}`"
+    text = repr(value)
+    if len(text) <= CONSTANT_REPR_LIMIT:
+        return f"`{path}` = `{text}`"
+    if isinstance(value, dict):
+        keys = ", ".join(f"`{key}`" for key in value)
+        return f"`{path}`: a dict of {len(value)} entries, keyed by {keys}"
+    return f"`{path}`: a {type(value).__name__} of {len(value)} items"
 
 
 def _record_value(value: object) -> str:
@@ -359,6 +415,7 @@ GENERATORS = {
     "exit-codes": exit_codes,
     "gpus": gpu_table,
     "cards": cards_table,
+    "export-sizes": export_sizes,
     "api": api_reference,
 }
 
