@@ -37,6 +37,7 @@ to attend yields zeros (never NaN, never a uniform average).
 from __future__ import annotations
 
 import functools
+import importlib
 
 import keras
 from keras import ops
@@ -201,6 +202,23 @@ def fused_attention(
     return output
 
 
+def reads_cache_prefix_cheaply():
+    """Whether slicing a cache's written prefix is a free view: eager PyTorch.
+
+    Elsewhere a step attends to the whole fixed-length cache under a mask: a
+    slice would copy under XLA, and a new length per step would recompile.
+
+    Example:
+        >>> reads_cache_prefix_cheaply() == (keras.backend.backend() == "torch")  # doctest: +SKIP
+        True
+    """
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return not torch.compiler.is_compiling()
+
+
 def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_causal=False):
     backend = keras.backend.backend()
     num_heads, num_key_value_heads = query.shape[2], key.shape[2]
@@ -343,15 +361,35 @@ def causal_mask_for(query, key):
     return (key_positions <= query_positions)[None, None]
 
 
-def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=False):
-    import torch.nn.functional as functional
+_MODULES = {}
 
+
+def backend_module(name):
+    """A backend's module (`"torch.nn.functional"`), imported on first use and kept.
+
+    For the eager decode paths, where an import statement costs more than a kernel
+    launch; this module itself loads without the backend installed.
+
+    Example:
+        >>> backend_module("torch.nn.functional").scaled_dot_product_attention  # doctest: +SKIP
+    """
+    module = _MODULES.get(name)
+    if module is None:
+        module = _MODULES[name] = importlib.import_module(name)
+    return module
+
+
+def _torch_functional():
+    return backend_module("torch.nn.functional")
+
+
+def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=False):
     if not key_heads_first:
         key, value = key.transpose(1, 2), value.transpose(1, 2)
     num_heads, num_key_value_heads = query.shape[2], key.shape[1]
     if query.shape[1] == 1 and num_heads != num_key_value_heads:
-        return _torch_sdpa_one_query(query, key, value, mask, scale=scale)
-    output = functional.scaled_dot_product_attention(
+        return torch_one_query_attention(query, key, value, mask, scale=scale)
+    output = _torch_functional().scaled_dot_product_attention(
         query.transpose(1, 2),
         key,
         value,
@@ -363,15 +401,19 @@ def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=Fa
     return output.transpose(1, 2)
 
 
-def _torch_sdpa_one_query(query, key, value, mask, *, scale):
-    """One query token: the query heads of each group become that group's queries.
+def torch_one_query_attention(query, key, value, mask, *, scale):
+    """PyTorch: one query token `(B, 1, H, D)` over a heads-first cache `(B, Hkv, S, D)`.
 
-    `(B, 1, Hkv * G, D)` is viewed as `(B, Hkv, G, D)` against `(B, Hkv, S, D)`:
-    plain multi-head SDPA with `G` queries per head, no `enable_gqa` (whose CPU
-    kernel walks each query head separately) and no copy.
+    The query heads of each group become that group's queries: `(B, 1, Hkv * G, D)`
+    is viewed as `(B, Hkv, G, D)`, plain multi-head SDPA with `G` queries per head, no
+    `enable_gqa` (whose CPU kernel walks each query head separately) and no copy.
+    `mask`: None or boolean, broadcastable to `(B, 1 | H, 1, S)`, with no empty row.
+
+    Example:
+        >>> q, kv = torch.randn(1, 1, 8, 16), torch.randn(1, 2, 32, 16)
+        >>> torch_one_query_attention(q, kv, kv, None, scale=0.25).shape
+        torch.Size([1, 1, 8, 16])
     """
-    import torch.nn.functional as functional
-
     batch, _, num_heads, head_dim = query.shape
     num_key_value_heads = key.shape[1]
     groups = num_heads // num_key_value_heads
@@ -382,7 +424,7 @@ def _torch_sdpa_one_query(query, key, value, mask, *, scale):
             mask = mask[:, :, 0][:, :, None]
         else:
             mask = mask.reshape(mask.shape[0], num_key_value_heads, groups, mask.shape[-1])
-    output = functional.scaled_dot_product_attention(
+    output = _torch_functional().scaled_dot_product_attention(
         grouped, key, value, attn_mask=mask, scale=scale
     )
     # (B, Hkv, G, Dv) -> (B, 1, H, Dv): the heads are in order, so this is a view.

@@ -53,6 +53,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 from keras import ops
 
 _LENGTH_AXIS = 2
@@ -135,6 +136,17 @@ def is_variable(buffer):
     return isinstance(buffer, tf.Variable)
 
 
+def all_in_place(caches):
+    """Whether every buffer of `caches` (a `KVCache`, or a list of them) is a variable.
+
+    Example:
+        >>> all_in_place([KVCache.zeros(1, 2, 8, 4, "float32")])
+        False
+    """
+    buffers = keras.tree.flatten(caches)
+    return bool(buffers) and all(is_variable(buffer) for buffer in buffers)
+
+
 def _unwrap(buffer):
     """The `tf.Variable` behind a TensorFlow `keras.Variable`, so that it is written in place."""
     if keras.backend.backend() == "tensorflow" and isinstance(buffer, keras.Variable):
@@ -160,12 +172,15 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
     dtype other than the layer's compute dtype (an integer cache would
     truncate K/V; Keras already converts floating arguments to that dtype).
     """
-    expected = (
-        f"the (key, value) pair from `init_cache`, each (batch={batch_size}, "
-        f"num_key_value_heads={num_key_value_heads}, max_length, head_dim={head_dim})"
-    )
+
+    def expected():  # formatted for an error only
+        return (
+            f"the (key, value) pair from `init_cache`, each (batch={batch_size}, "
+            f"num_key_value_heads={num_key_value_heads}, max_length, head_dim={head_dim})"
+        )
+
     if not isinstance(cache, (tuple, list)) or len(cache) != 2:
-        raise ValueError(f"`cache` must be {expected}; received {_describe(cache)}.")
+        raise ValueError(f"`cache` must be {expected()}; received {_describe(cache)}.")
     key, value = _unwrap(cache[0]), _unwrap(cache[1])
     if is_variable(key) != is_variable(value):
         raise ValueError(
@@ -179,14 +194,14 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
             or shape[0] not in (None, batch_size)
             and batch_size is not None
         ):
-            raise ValueError(f"`cache` must be {expected}; its {name} buffer has shape {shape}.")
+            raise ValueError(f"`cache` must be {expected()}; its {name} buffer has shape {shape}.")
     if tuple(key.shape) != tuple(value.shape):
         raise ValueError(
             f"`cache` key and value buffers must have the same shape; received "
             f"{tuple(key.shape)} and {tuple(value.shape)}."
         )
     for name, buffer in (("key", key), ("value", value)):
-        dtype = keras.backend.standardize_dtype(buffer.dtype)
+        dtype = dtype_name(buffer.dtype)
         if dtype != layer_dtype:
             raise ValueError(
                 f"`cache` {name} buffer has dtype {dtype}, but the layer computes in "
@@ -196,6 +211,56 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
     if isinstance(cache, KVCache) and key is cache.key and value is cache.value:
         return cache
     return KVCache(key, value)
+
+
+def static_index(cache_index):
+    """The Python int behind `cache_index`, or None when it is traced / symbolic.
+
+    An eager tensor on the CPU is read; a CUDA tensor is not (reading it back
+    would stall the device's queue every step), nor anything under `torch.compile`
+    (it would break the graph). In a TensorFlow graph a constant is known when
+    the step is traced, so an overrun is refused there rather than NaN at run time.
+
+    Example:
+        >>> static_index(np.int64(7)), static_index(None)
+        (7, None)
+    """
+    if cache_index is None or isinstance(cache_index, (int, np.integer)):
+        return None if cache_index is None else int(cache_index)
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None
+        if isinstance(cache_index, torch.Tensor) and cache_index.device.type != "cpu":
+            return None
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.is_tensor(cache_index) and not tf.executing_eagerly():
+            static = tf.get_static_value(cache_index)
+            return None if static is None else int(static)
+    try:
+        return int(ops.convert_to_numpy(cache_index))
+    except Exception:  # A tracer (jax.jit, tf.function) has no value yet.
+        return None
+
+
+_DTYPE_NAMES = {}  # a backend's dtype object -> Keras's name for it, filled on first use
+
+
+def dtype_name(dtype):
+    """Keras's name of a backend dtype (`torch.float32` -> "float32"), remembered.
+
+    Example:
+        >>> dtype_name(np.dtype("float16"))
+        'float16'
+    """
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = keras.backend.standardize_dtype(dtype)
+    return name
 
 
 def check_static_write(start, query_length, max_length):

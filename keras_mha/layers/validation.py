@@ -211,6 +211,9 @@ def check_call_inputs(query, value, key):
     Example:
         >>> check_call_inputs(query, value=keys, key=keys)
     """
+    if value is query and key is query:  # self-attention: nothing to agree with
+        check_rank("query", query.shape)
+        return
     check_input_shapes(query.shape, value.shape, key.shape)
     pairs = []
     if key is not value:
@@ -239,6 +242,32 @@ def check_call_inputs(query, value, key):
             tf.shape(b)[axis],
             message=f"`{first}` and `{second}` must have the same {what}",
         )
+
+
+def check_cache_use(cache, cache_index, self_attention):
+    """Refuse a `cache_index` without a cache, and a cache in a call that cannot use it:
+    a read-only (cross-attention) cache beside a `value`, or a cache written at
+    `cache_index` in cross-attention.
+
+    Example:
+        >>> check_cache_use(cache, cache_index=None, self_attention=False)
+        Traceback (most recent call last):
+        ValueError: Pass either `value` or a read-only `cache` (cross-attention), not both.
+    """
+    if cache is None and cache_index is not None:
+        raise ValueError(
+            f"`cache_index`={cache_index!r:.80} was given without a `cache`; pass the cache "
+            "from `init_cache` to decode, or neither."
+        )
+    if cache is None or self_attention:
+        return
+    if cache_index is None:
+        raise ValueError("Pass either `value` or a read-only `cache` (cross-attention), not both.")
+    raise ValueError(
+        "A cache with `cache_index` is for self-attention decoding; for cross-attention "
+        "build one with `compute_cross_attention_cache` and call without `value` and "
+        "without `cache_index`."
+    )
 
 
 def check_cache_index(cache_index):
