@@ -127,6 +127,12 @@ def test_cache_errors():
         layer(x, cache=(ops.zeros((1, 4, 8, 4)),) * 2, cache_index=0)
     with pytest.raises(ValueError, match="max_length"):
         layer.init_cache(1, 0)
+    with pytest.raises(ValueError, match=r"`cache_index`=2 was given without a `cache`"):
+        layer(x, cache_index=2)
+    with pytest.raises(ValueError, match=r"either `value` or a read-only `cache`"):
+        layer(x, x, cache=cache)
+    with pytest.raises(ValueError, match=r"`cache_index` is for self-attention decoding"):
+        layer(x, x, cache=cache, cache_index=0)
 
 
 def _compile_counting(step):

@@ -118,12 +118,11 @@ def _tensorflow_step(traced, jit_compile):
 def _compiled_torch_step(traced, on_trace):
     import torch
 
-    def function(inputs, mask, caches, index):
-        with torch.no_grad():
-            return traced(inputs, mask, caches, index)
-
     # Python ints would be specialised (a graph per position): the index is a tensor.
-    compiled = torch.compile(function, dynamic=False)
+    # Only tensors are guarded (their shapes and dtypes), as jax.jit and tf.function
+    # keep what they traced: checking every Python attribute a Keras call reads cost
+    # more than the step (measured). Autograd is switched off outside the graph.
+    compiled = torch.compile(traced, dynamic=False, options={"guard_filter_fn": _tensor_guards})
     first_call = [True]
 
     def step(inputs, mask, caches, index):
@@ -132,9 +131,16 @@ def _compiled_torch_step(traced, on_trace):
             on_trace()
         if _is_int(index):
             index = torch.tensor(int(index), dtype=torch.int32)
-        return compiled(inputs, mask, caches, index)
+        with torch.no_grad():
+            return compiled(inputs, mask, caches, index)
 
     return step
+
+
+def _tensor_guards(guard_entries):
+    import torch
+
+    return torch.compiler.keep_tensor_guards_unsafe(guard_entries, keep_parameters=True)
 
 
 def _eager_torch_step(forward, static_index):
