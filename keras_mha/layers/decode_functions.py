@@ -122,7 +122,10 @@ def _compiled_torch_step(traced, on_trace):
     # Only tensors are guarded (their shapes and dtypes), as jax.jit and tf.function
     # keep what they traced: checking every Python attribute a Keras call reads cost
     # more than the step (measured). Autograd is switched off outside the graph.
-    compiled = torch.compile(traced, dynamic=False, options={"guard_filter_fn": _tensor_guards})
+    def tensor_guards(guard_entries):
+        return torch.compiler.keep_tensor_guards_unsafe(guard_entries, keep_parameters=True)
+
+    compiled = torch.compile(traced, dynamic=False, options={"guard_filter_fn": tensor_guards})
     first_call = [True]
 
     def step(inputs, mask, caches, index):
@@ -135,12 +138,6 @@ def _compiled_torch_step(traced, on_trace):
             return compiled(inputs, mask, caches, index)
 
     return step
-
-
-def _tensor_guards(guard_entries):
-    import torch
-
-    return torch.compiler.keep_tensor_guards_unsafe(guard_entries, keep_parameters=True)
 
 
 def _eager_torch_step(forward, static_index):

@@ -280,9 +280,7 @@ def check_static_write(start, query_length, max_length):
         )
 
 
-def _torch_in_place_allowed(buffer, update):
-    import torch
-
+def _torch_in_place_allowed(torch, buffer, update):
     return not (torch.is_grad_enabled() and (update.requires_grad or buffer.requires_grad))
 
 
@@ -297,7 +295,7 @@ def _write_buffer(buffer, update, start, static_start, valid):
         import torch
 
         if static_start is not None:
-            if _torch_in_place_allowed(buffer, update):
+            if _torch_in_place_allowed(torch, buffer, update):
                 buffer[:, :, static_start : static_start + length] = update
                 return buffer
             return torch.cat(
@@ -316,7 +314,7 @@ def _write_buffer(buffer, update, start, static_start, valid):
             positions = positions.clamp(0, buffer.shape[_LENGTH_AXIS] - 1)
             old = buffer.index_select(_LENGTH_AXIS, positions)
             update = torch.where(valid, update, old)
-        if _torch_in_place_allowed(buffer, update):
+        if _torch_in_place_allowed(torch, buffer, update):
             return buffer.index_copy_(_LENGTH_AXIS, positions, update)
         return buffer.index_copy(_LENGTH_AXIS, positions, update)
     index = static_start if static_start is not None else ops.cast(start, "int32")
