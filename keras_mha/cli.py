@@ -6,6 +6,8 @@
                             [--optimizer O] [--precision P] [--prefill-chunk T]
                             [--token T] [--offline] [--endpoint URL] [--timeout S]
     keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
+    keras-mha heads MODEL --text FILE [--conllu FILE] [--importance METHOD] [--plot FILE.png]
+                    [--html FILE.html] [--format table|json|markdown]   what each head does
     keras-mha cards                      list the bundled cards
     keras-mha --version
     keras-mha bench [layers|model|inspect] ...   benchmarks (default: layers)
@@ -146,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "gpt2", "--seq-len", "1k"]).seq_len
         [1024]
     """
-    from keras_mha.commands import compare, options, prune
+    from keras_mha.commands import compare, heads, options, prune
 
     parser = ArgumentParser(
         prog=PROGRAM,
@@ -215,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands.add_parser("cards", help="list the bundled model cards")
     compare.add_parser(subcommands)
     prune.add_parser(subcommands)
+    heads.add_parser(subcommands)
     subcommands.add_parser(
         "bench",
         help="benchmarks: `bench layers [...]` (default) or `bench model [...]`",

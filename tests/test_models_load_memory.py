@@ -22,9 +22,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from keras_mha.cards.checkpoint_weights import BUFFER_ALIGNMENT, SafetensorsCheckpoint
 from keras_mha.errors import CheckpointError
 from keras_mha.models import deferred, from_pretrained
+from keras_mha.models.safetensors_reader import BUFFER_ALIGNMENT, SafetensorsCheckpoint
 from keras_mha.models.weight_names import hub_tensors
 from tests.models_checkpoints import checkpoint, loaded
 

@@ -75,6 +75,50 @@ def positive_int_type(flag: str):
     return convert
 
 
+#: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
+DEFAULT_MAX_TOKENS = 16384
+DEFAULT_SEQ_LEN = 128
+DEFAULT_BATCH_SIZE = 8
+
+
+def add_text_batching_arguments(
+    parser: argparse.ArgumentParser, *, text_flag: str, seq_len_help: str, batch_help: str
+) -> None:
+    """Add `--max-tokens`, `--seq-len` and `--batch-size` (positive integers) to a parser.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_text_batching_arguments(parser, text_flag="--data", seq_len_help="tokens per "
+        ...     "example", batch_help="examples per batch")
+        >>> parser.parse_args(["--seq-len", "64"]).seq_len
+        64
+    """
+    for flag, default, help_text in (
+        ("--max-tokens", DEFAULT_MAX_TOKENS, f"use at most this many tokens of {text_flag}"),
+        ("--seq-len", DEFAULT_SEQ_LEN, seq_len_help),
+        ("--batch-size", DEFAULT_BATCH_SIZE, batch_help),
+    ):
+        parser.add_argument(
+            flag,
+            type=positive_int_type(flag),
+            default=default,
+            help=f"{help_text} (default {default})",
+        )
+
+
+def add_hub_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--revision` and `--token`, for a MODEL that may be a Hub model id.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_hub_checkpoint_arguments(parser)
+        >>> parser.parse_args(["--revision", "main"]).revision
+        'main'
+    """
+    parser.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+
+
 def seconds_type(text: str) -> float:
     """`--timeout`: a finite number of seconds in (0, `MAX_TIMEOUT_SECONDS`].
 
@@ -177,9 +221,14 @@ def memory_request(arguments: argparse.Namespace):
 
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_SEQ_LEN",
     "OPTIMIZERS",
     "PRECISIONS",
+    "add_hub_checkpoint_arguments",
     "add_memory_arguments",
+    "add_text_batching_arguments",
     "dtype_type",
     "memory_request",
     "memory_size_type",

@@ -35,7 +35,11 @@ import time
 import warnings
 from pathlib import Path
 
-from keras_mha.commands.options import positive_int_type
+from keras_mha.commands.options import (
+    add_hub_checkpoint_arguments,
+    add_text_batching_arguments,
+    positive_int_type,
+)
 from keras_mha.errors import ExportError, PruningError, UsageError
 
 METHODS = ("taylor", "ablation", "magnitude")
@@ -43,9 +47,6 @@ POLICIES = ("group", "query")
 DTYPES = ("float32", "bfloat16", "float16")
 FORMATS = ("table", "json")
 CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss default
-DEFAULT_MAX_TOKENS = 16384
-DEFAULT_SEQ_LEN = 128
-DEFAULT_BATCH_SIZE = 8
 
 
 def parse_target(text: str):
@@ -111,23 +112,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--data", metavar="FILE", help="plain UTF-8 text to score on and measure with"
     )
-    parser.add_argument(
-        "--max-tokens",
-        type=positive_int_type("--max-tokens"),
-        default=DEFAULT_MAX_TOKENS,
-        help=f"use at most this many tokens of --data (default {DEFAULT_MAX_TOKENS})",
-    )
-    parser.add_argument(
-        "--seq-len",
-        type=positive_int_type("--seq-len"),
-        default=DEFAULT_SEQ_LEN,
-        help=f"tokens per example (default {DEFAULT_SEQ_LEN})",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int_type("--batch-size"),
-        default=DEFAULT_BATCH_SIZE,
-        help=f"examples per batch (default {DEFAULT_BATCH_SIZE})",
+    add_text_batching_arguments(
+        parser,
+        text_flag="--data",
+        seq_len_help="tokens per example",
+        batch_help="examples per batch",
     )
     parser.add_argument(
         "--policy",
@@ -164,8 +153,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
     )
-    parser.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
-    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    add_hub_checkpoint_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
@@ -407,8 +395,23 @@ def _load_data(arguments, directory, kind):
     text = prune_data.read_text(
         arguments.data, max_characters=prune_data.characters_to_read(arguments.max_tokens)
     )
+    return scoring_data(tokenizer, text, kind, arguments)
+
+
+def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
+    """`DecoderData` windows or `EncoderData` sentences of `text` to score heads on.
+
+    `arguments` holds `method`, `seq_len`, `max_tokens` and `batch_size` (as parsed).
+
+    Example:
+        >>> data = scoring_data(tokenizer, text, "decoder", arguments)  # doctest: +SKIP
+    """
+    from keras_mha.commands import prune_data
+
     if kind == "decoder":
-        return prune_data.decoder_windows(tokenizer, text, arguments.seq_len, arguments.max_tokens)
+        return prune_data.decoder_windows(
+            tokenizer, text, arguments.seq_len, arguments.max_tokens, argument=argument
+        )
     if arguments.method != "magnitude" and arguments.batch_size < 2:
         # The encoder loss ranks each sentence against the others in its batch: alone
         # in a batch, a sentence's loss is exactly 0 and would score nothing.
@@ -418,7 +421,9 @@ def _load_data(arguments, directory, kind):
             key="--batch-size",
             value=arguments.batch_size,
         )
-    return prune_data.encoder_sentences(tokenizer, text, arguments.seq_len, arguments.max_tokens)
+    return prune_data.encoder_sentences(
+        tokenizer, text, arguments.seq_len, arguments.max_tokens, argument=argument
+    )
 
 
 def _latency_inputs(data, kind, arguments, vocabulary_size):

@@ -160,8 +160,13 @@ def characters_to_read(max_tokens):
     return None if max_tokens is None else max_tokens * _CHARACTERS_PER_TOKEN_READ
 
 
-def _prefix_tokens(tokenizer):
-    """Special tokens the tokenizer's post-processor puts before a text (e.g. `<s>`)."""
+def prefix_tokens(tokenizer):
+    """Special tokens the tokenizer's post-processor puts before a text (e.g. `<s>`).
+
+    Example:
+        >>> prefix_tokens(llama_tokenizer)  # doctest: +SKIP
+        [128000]
+    """
     probe = "Hello world"
     plain = tokenizer.encode(probe, add_special_tokens=False).ids
     full = tokenizer.encode(probe, add_special_tokens=True).ids
@@ -275,7 +280,7 @@ def decoder_windows(tokenizer, text, seq_len, max_tokens=None, *, argument="--da
         >>> bool((data.inputs[0, 1:] == data.targets[0, :-1]).all())  # doctest: +SKIP
         True
     """
-    prefix = _prefix_tokens(tokenizer)
+    prefix = prefix_tokens(tokenizer)
     content_per_window = seq_len - len(prefix)
     if content_per_window < 1:
         raise UsageError(
@@ -325,12 +330,14 @@ def split_sentences(text):
     return sentences
 
 
-def encoder_sentences(tokenizer, text, seq_len, max_tokens=None, *, argument="--data"):
+def encoder_sentences(
+    tokenizer, text, seq_len, max_tokens=None, *, argument="--data", min_sentences=2
+):
     """Tokenise the sentences of `text` for an encoder, padded to the longest.
 
     Raises:
-        UsageError: fewer than 2 sentences (the encoder score compares sentences
-            with each other).
+        UsageError: fewer than `min_sentences` sentences (the encoder score compares
+            sentences with each other, so it needs 2).
 
     Example:
         >>> data = encoder_sentences(tokenizer, "One. Two.", seq_len=16)  # doctest: +SKIP
@@ -351,10 +358,10 @@ def encoder_sentences(tokenizer, text, seq_len, max_tokens=None, *, argument="--
             break
         rows.append(ids)
         total += len(ids)
-    if len(rows) < 2:
+    if len(rows) < min_sentences:
         raise UsageError(
             f"{argument}: {len(rows)} sentence(s) within --max-tokens is too little to score "
-            "an encoder's heads; expected at least 2 sentences of text",
+            f"an encoder's heads; expected at least {min_sentences} sentences of text",
             value=len(rows),
         )
     length = max(len(ids) for ids in rows)

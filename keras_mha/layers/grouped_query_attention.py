@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_mha.layers import (
     attention_paths,
+    attention_probe,
     eager_decode,
     kv_cache,
     padding_masks,
@@ -456,6 +457,8 @@ class GroupedQueryAttention(keras.layers.Layer):
         )
 
     def _can_use_fused(self, return_attention_scores, training):
+        if attention_probe.is_recording(self):
+            return False  # record_attention needs the probabilities (attention_probe.py)
         reasons = []
         if return_attention_scores:
             reasons.append("return_attention_scores=True needs the attention weights")
@@ -516,7 +519,8 @@ class GroupedQueryAttention(keras.layers.Layer):
         heads, scores = self._compute_attention(
             q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
         )
-        # The attention weights (None on the fused paths) are final here.
+        # The attention weights (None on the fused paths, which a recording turns off).
+        attention_probe.observe(self, scores)
         return self._output(heads, scores, valid, return_attention_scores, written)
 
     def _check_call(self, inputs, cache, cache_index):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import keras
 import numpy as np
 
-from keras_mha.cards.checkpoint_weights import BUFFER_ALIGNMENT, aligned_empty
+from keras_mha.models.safetensors_reader import BUFFER_ALIGNMENT, aligned_empty
 
 _PENDING = "uninitialized_variables"  # Keras's global list of deferred variables
 

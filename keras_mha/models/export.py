@@ -401,7 +401,7 @@ def _hub_tensors(model, *, padding=None, dtype_name):
 
 def _source_extras(model, written, dtype_name):
     """Tensors of the source checkpoint the model ignored on load (e.g. BERT's pooler)."""
-    from keras_mha.cards.checkpoint_weights import SafetensorsCheckpoint
+    from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
     from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES
 
     directory = source_directory(model)

@@ -23,13 +23,13 @@ import json
 import warnings
 from pathlib import Path
 
-from keras_mha.cards.checkpoint_weights import (
+from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
+from keras_mha.models.families import activation_name, traits_for
+from keras_mha.models.safetensors_reader import (
     INDEX_FILE_NAME,
     SINGLE_FILE_NAME,
     SafetensorsCheckpoint,
 )
-from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
-from keras_mha.models.families import activation_name, traits_for
 from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
