@@ -1,37 +1,27 @@
-"""The attention computation itself: one generic path and one fused dispatch.
+"""The attention computation itself: the generic path, the fused dispatch, blockwise causal.
 
-Everything here takes projected heads in the layout
+Everything here takes projected heads, queries `(batch, query_length, num_heads,
+head_dim)` and keys/values `(batch, key_length, num_key_value_heads, head_dim)`, and
+never repeats K/V for grouped-query attention: the queries are grouped instead,
+`(B, T, Hkv, G, D)` against `(B, S, Hkv, D)`. Masks are boolean, `True` where a query
+may attend, broadcastable to `(B, 1 | H, T, S)`; a row with nothing to attend gives
+zeros.
 
-    query: (batch, query_length, num_heads, head_dim)
-    key, value: (batch, key_length, num_key_value_heads, head_dim)
+- `grouped_attention`: `keras.ops` only, the reference, and the path for attention
+  weights, dropout and logit soft-capping;
+- `fused_attention`: the fastest primitive of each backend (`jax.nn` /
+  `keras.ops.dot_product_attention`, torch SDPA without repeating K/V, the grouped
+  einsum for GQA on TensorFlow), tested against `grouped_attention`;
+- `blockwise_causal_attention`: long causal self-attention one block of queries at a
+  time, never forming the masked triangle, where no fused kernel skips it.
 
-and never repeats K/V for grouped-query attention: the queries are grouped
-instead, `(B, T, Hkv, G, D)` against `(B, S, Hkv, D)`.
+Which call takes which, and why: docs/concepts/attention-paths.md.
 
-`grouped_attention` is written with `keras.ops` only and is the reference. It
-is the path for attention weights, dropout and logit soft-capping.
-
-`fused_attention` uses the fastest primitive each backend has, and is tested
-against `grouped_attention`:
-
-- JAX: `keras.ops.dot_product_attention`, which calls
-  `jax.nn.dot_product_attention` (native GQA; cuDNN flash attention on GPU).
-- PyTorch: `torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`.
-  `keras.ops.dot_product_attention` on torch repeats K/V for GQA
-  (`repeat_interleave`), which is exactly the copy GQA exists to avoid.
-- TensorFlow: `keras.ops.dot_product_attention` for MHA only; for GQA it would
-  `tf.repeat` K/V, and with a single KV head (MQA) its einsum does not
-  broadcast, so both use the grouped einsum.
-
-`blockwise_causal_attention` splits long causal self-attention into blocks of
-queries, block `i` attending only to the keys up to its last position, so the
-masked upper triangle of the logits is never computed or stored. Where the
-backend has no fused kernel that skips it (JAX and TensorFlow on CPU), this
-halves the work and the peak memory of long causal calls.
-
-Masks are boolean, `True` where a query may attend, broadcastable to
-`(batch, 1 | num_heads, query_length, key_length)`. A query row with nothing
-to attend yields zeros (never NaN, never a uniform average).
+Example:
+    >>> q = keras.random.normal((2, 5, 8, 16))
+    >>> kv = keras.random.normal((2, 7, 2, 16))
+    >>> fused_attention(q, kv, kv, scale=16**-0.5).shape
+    (2, 5, 8, 16)
 """
 
 from __future__ import annotations

@@ -1,8 +1,14 @@
-"""Grouped-query attention: the one attention implementation of keras-mha.
+"""Grouped-query attention: the one attention layer of keras-mha.
 
 Multi-head attention (`num_key_value_heads == num_heads`) and multi-query
 attention (`num_key_value_heads == 1`) are this layer with a fixed KV-head
-count; see `multi_head_attention.py` and `multi_query_attention.py`.
+count; see `multi_head_attention.py` and `multi_query_attention.py`. Its `call` is a
+pipeline of steps whose kernels live in their own modules (docs/concepts/attention-paths.md).
+
+Example:
+    >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2, causal=True)
+    >>> layer(keras.random.normal((2, 10, 64))).shape
+    (2, 10, 64)
 """
 
 from __future__ import annotations

@@ -1,42 +1,15 @@
 """The self-attention KV cache: its layout, its checks and its in-place update.
 
-A cache is a `KVCache(key, value)` pair of buffers, each
-`(batch, num_key_value_heads, max_length, head_dim)`:
-
-- two buffers, not one stacked tensor, so that attention reads each of them
-  as it lies in memory (slicing K and V back out of a stacked
-  `(batch, 2, ...)` tensor made XLA copy them every step);
-- heads first, so that each KV head's keys are contiguous: the layout the
-  fused kernels (`torch.nn.functional.scaled_dot_product_attention`) and a
-  batched grouped matmul read without a transpose.
-
-A decode step writes its new keys and values in place where the backend
-allows it, so that no step copies the whole cache:
-
-- PyTorch: `init_cache(...)`, tensors written by slice assignment /
-  `index_copy_` (outside autograd);
-- JAX: `init_cache(...)`, arrays written by `dynamic_update_slice`, which
-  XLA performs in place when the step donates the cache
-  (`jax.jit(step, donate_argnums=...)`);
-- TensorFlow: `init_cache(..., variables=True)`, two `tf.Variable`s written
-  by a scatter inside `tf.function(jit_compile=True)`.
-
-A TensorFlow function cannot donate its tensor arguments, so with the default
-(functional) cache XLA copies the whole cache at every compiled step; a
-variable cache is updated in place instead and the layer returns the same
-`KVCache` (the same variables). Create it outside the traced function and do
-not return it from the function (a variable returned by a `tf.function` comes
-back as a copy of its value): keep the Python handle instead. JAX cannot
-mutate variables under `jax.jit` and PyTorch already writes its tensors in
-place, so both refuse `variables=True`.
-
-Writing past `max_length` is refused with a `ValueError` whenever the index
-is known when the step is built (a Python int, an eager tensor, or any index
-under eager PyTorch on CPU). A traced index that overruns (inside `jax.jit`,
-`tf.function` or `torch.compile`, or a CUDA tensor in eager PyTorch, which is
-not read back to keep the step asynchronous) leaves the cache unchanged and
-turns every output row of that call into NaN, so the overrun cannot pass for
-a good result. Both hold for variable caches too.
+A cache is a `KVCache(key, value)` pair of buffers, each `(batch, num_key_value_heads,
+max_length, head_dim)`, made by `GroupedQueryAttention.init_cache` and written by the
+layer at `cache_index`: in place on PyTorch (outside autograd); by a
+`dynamic_update_slice` that XLA performs in place when the step donates the cache on
+JAX; by a scatter into two `tf.Variable`s from `init_cache(..., variables=True)` on
+TensorFlow (create them outside the `tf.function` and keep your handle: a variable
+returned from a `tf.function` comes back as a copy). Writing past `max_length` raises a
+`ValueError` when the index is known when the step is built; a traced index that
+overruns leaves the cache unchanged and turns the call's outputs into NaN. Why this
+layout and these writes: docs/concepts/attention-paths.md.
 
 Example:
     >>> cache = KVCache.zeros(batch_size=1, num_key_value_heads=2, max_length=8,

@@ -1,14 +1,9 @@
 """`inputs @ kernel + bias`, as each backend computes it fastest.
 
-- Eager PyTorch does not fuse a bias add into the matmul: `matmul` then `+ bias` is a
-  second full pass over the output (about 4% of a 1024-token attention forward on a
-  CPU), so it goes through one `torch.addmm`.
-- XLA on TensorFlow (CPU) emits a product of a single row with a reshaped kernel
-  variable (the layers keep kernels `(features, heads, head_dim)`) as a naive loop
-  unless a plain bias variable is added to it: 5x slower for a 1024 x 1024 kernel,
-  most of a decode step. The row is paired with a row of zeros, making the product
-  a matrix product again (docs/concepts/attention-paths.md).
-- JAX (XLA) fuses the bias add by itself.
+Eager PyTorch adds the bias inside the matmul (`torch.addmm`) instead of in a second
+pass over the output; TensorFlow computes a single row as two (XLA's CPU compiler emits
+a one-row product with a reshaped kernel variable as a naive loop, 5x slower); JAX's
+XLA fuses the bias by itself. Measurements: docs/concepts/attention-paths.md.
 
 Example:
     >>> linear(ops.ones((2, 3, 4)), ops.ones((4, 5)), ops.zeros((5,))).shape
