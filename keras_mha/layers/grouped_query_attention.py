@@ -19,6 +19,7 @@ from keras import ops
 from keras_mha.layers import (
     attention_paths,
     attention_probe,
+    decode_functions,
     eager_decode,
     kv_cache,
     padding_masks,
@@ -442,8 +443,6 @@ class GroupedQueryAttention(keras.layers.Layer):
             >>> output.shape
             (1, 1, 64)
         """
-        from keras_mha.layers import decode_functions
-
         return decode_functions.layer_decode_function(
             self, compile_torch=compile_torch, jit_compile=jit_compile
         )
