@@ -155,9 +155,17 @@ def _compiled_torch_step(traced, on_trace):
 def _eager_torch_step(forward, static_index):
     import torch
 
+    # What `torch.no_grad()` does, without its context-manager wrapper, which cost
+    # 3x as much as switching the mode (about a fused kernel launch per step).
+    set_grad_enabled = torch._C._set_grad_enabled
+
     def step(inputs, mask, caches, index):
-        with torch.no_grad():
+        enabled = torch.is_grad_enabled()
+        set_grad_enabled(False)
+        try:
             return forward(inputs, mask, caches, 0 if static_index else index)
+        finally:
+            set_grad_enabled(enabled)
 
     return step
 
