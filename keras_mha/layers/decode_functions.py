@@ -45,6 +45,7 @@ def compile_decode_step(
     jit_compile=True,
     eager_forward=None,
     on_trace=None,
+    guard_tensors_only=False,
 ):
     """`step(inputs, mask, caches, index) -> (outputs, caches)`: `forward` compiled here.
 
@@ -57,6 +58,10 @@ def compile_decode_step(
         eager_forward: PyTorch eager: called instead of `forward`.
         on_trace: called whenever the step is traced (JAX, TensorFlow), once at
             the first call under `torch.compile`.
+        guard_tensors_only: `torch.compile` checks only the tensors' shapes and dtypes
+            before each call, not the Python state `forward` read (as `jax.jit` and
+            `tf.function` do); only for a `forward` that compiles to one graph (Dynamo's
+            resumed frames after a graph break need their guards).
 
     Example:
         >>> step = compile_decode_step(layer, lambda x, mask, cache, index: layer(
@@ -65,9 +70,12 @@ def compile_decode_step(
     """
     on_trace = on_trace or (lambda: None)
 
-    def traced(inputs, mask, caches, index):
-        on_trace()
+    def positioned(inputs, mask, caches, index):
         return forward(inputs, mask, caches, 0 if static_index else index)
+
+    def traced(inputs, mask, caches, index):  # runs once per trace under jit / tf.function
+        on_trace()
+        return positioned(inputs, mask, caches, index)
 
     backend = keras.backend.backend()
     if backend == "jax":
@@ -75,7 +83,8 @@ def compile_decode_step(
     if backend == "tensorflow":
         return _tensorflow_step(traced, jit_compile)
     if compile_torch:
-        return _compiled_torch_step(traced, on_trace)
+        # Dynamo replays Python side effects at every call: `on_trace` stays outside.
+        return _compiled_torch_step(positioned, on_trace, guard_tensors_only)
     return _eager_torch_step(eager_forward or forward, static_index)
 
 
@@ -127,17 +136,17 @@ def _tensorflow_step(traced, jit_compile):
     return step
 
 
-def _compiled_torch_step(traced, on_trace):
+def _compiled_torch_step(forward, on_trace, guard_tensors_only):
     import torch
 
     # Python ints would be specialised (a graph per position): the index is a tensor.
-    # Only tensors are guarded (their shapes and dtypes), as jax.jit and tf.function
-    # keep what they traced: checking every Python attribute a Keras call reads cost
-    # more than the step (measured). Autograd is switched off outside the graph.
+    # Checking every Python attribute a Keras call reads cost more than the step
+    # (measured), hence `guard_tensors_only`. Autograd is switched off outside the graph.
     def tensor_guards(guard_entries):
         return torch.compiler.keep_tensor_guards_unsafe(guard_entries, keep_parameters=True)
 
-    compiled = torch.compile(traced, dynamic=False, options={"guard_filter_fn": tensor_guards})
+    options = {"guard_filter_fn": tensor_guards} if guard_tensors_only else None
+    compiled = torch.compile(forward, dynamic=False, options=options)
     first_call = [True]
 
     def step(inputs, mask, caches, index):
@@ -188,7 +197,7 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
         return forward(query, mask, cache, index)
 
     options = {"compile_torch": compile_torch, "jit_compile": jit_compile}
-    options["eager_forward"] = eager_forward
+    options.update(eager_forward=eager_forward, guard_tensors_only=True)  # one graph
     prefill = compile_decode_step(layer, forward, static_index=True, **options)
     step = compile_decode_step(layer, forward, **options)
 
