@@ -7,9 +7,15 @@ first used, so that `keras-mha inspect` starts in a fraction of a second.
 Example:
     >>> import keras_mha
     >>> layer = keras_mha.GroupedQueryAttention(num_heads=8, num_key_value_heads=2)
+    >>> keras_mha.plan("bundled:meta-llama/Meta-Llama-3-8B", gpu="L4").serving_fits
+    True
 """
 
-__version__ = "0.2.0"
+from keras_mha import moved_paths
+from keras_mha.version import __version__
+
+# The module paths that moved in 0.3 keep importing, with a DeprecationWarning.
+moved_paths.install()
 
 # Names resolved lazily (PEP 562) so `import keras_mha` never imports keras.
 _LAZY_LAYER_EXPORTS = (
@@ -20,16 +26,24 @@ _LAZY_LAYER_EXPORTS = (
 )
 
 
+# The memory planner (pure Python: never imports keras).
+_LAZY_PLAN_EXPORTS = ("Plan", "plan")
+
+
 def __getattr__(name):
     if name in _LAZY_LAYER_EXPORTS:
         from keras_mha import layers
 
         return getattr(layers, name)
+    if name in _LAZY_PLAN_EXPORTS:
+        from keras_mha.cards import plan
+
+        return getattr(plan, name)
     raise AttributeError(f"module 'keras_mha' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY_LAYER_EXPORTS))
+    return sorted(list(globals()) + list(_LAZY_LAYER_EXPORTS) + list(_LAZY_PLAN_EXPORTS))
 
 
-__all__ = ["__version__", *_LAZY_LAYER_EXPORTS]
+__all__ = ["__version__", *_LAZY_LAYER_EXPORTS, *_LAZY_PLAN_EXPORTS]

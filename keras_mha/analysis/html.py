@@ -47,9 +47,9 @@ def attention_examples(model, tokenizer, text, *, causal, count=PAGE_SENTENCES):
     tokens for encoders; with its prefix (BOS) only for decoders. keras-mha's whole
     models read them in one padded batch; other models one sentence at a time.
     """
-    from keras_mha.analysis.run import model_inputs, takes_padding_mask
+    from keras_mha.analysis.calls import model_inputs, takes_padding_mask
+    from keras_mha.analysis.recording import record_attention
     from keras_mha.commands.prune_data import prefix_tokens, split_sentences
-    from keras_mha.layers.attention_probe import record_attention
     from keras_mha.pruning.discovery import require_attention_layers
     from keras_mha.pruning.gate_gradients import no_gradient_tracking
 

@@ -22,28 +22,13 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from keras_mha.analysis.calls import model_inputs, run_model, takes_padding_mask
 from keras_mha.analysis.data import checkpoint_tokenizer, is_causal, model_tokenizer, token_data
 from keras_mha.analysis.result import HeadRoles
 from keras_mha.analysis.roles import LayerRoles, assign_roles
 from keras_mha.analysis.statistics import HeadStatistics
 from keras_mha.commands.options import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
 from keras_mha.errors import UsageError
-
-
-def takes_padding_mask(model):
-    """Whether `model` takes `{"token_ids", "padding_mask"}` (keras-mha's whole models);
-    any other model is called with the token ids alone, one unpadded sequence at a time."""
-    from keras_mha.models.decoder import DecoderModel
-    from keras_mha.models.encoder import EncoderModel
-
-    return isinstance(model, (DecoderModel, EncoderModel))
-
-
-def model_inputs(model):
-    """`(token_ids, padding_mask) -> what model is called with`."""
-    if takes_padding_mask(model):
-        return lambda ids, mask: {"token_ids": ids, "padding_mask": mask}
-    return lambda ids, mask: ids
 
 
 def _check_positive(name, value, allow_none=False):
@@ -53,23 +38,6 @@ def _check_positive(name, value, allow_none=False):
         expected = "a positive integer" + (" or None" if allow_none else "")
         raise UsageError(f"`{name}` must be {expected}; received {value!r}", key=name)
     return int(value)
-
-
-def run_model(model, data, on_batch, progress=None):
-    """Call `model` eagerly on every batch of `data` (a `TokenData`), gradients off.
-
-    `on_batch(index)` is called before each batch, so that attention callbacks know
-    whose tokens they see; `progress` (a `ProgressBar` or None) advances after each.
-    """
-    from keras_mha.pruning.gate_gradients import no_gradient_tracking
-
-    tokens = data.batch_tokens()
-    for index, inputs in enumerate(data.inputs):
-        on_batch(index)
-        with no_gradient_tracking():
-            model(inputs, training=False)
-        if progress is not None:
-            progress.advance(tokens=tokens[index])
 
 
 def head_roles(
@@ -124,8 +92,8 @@ def head_roles(
         >>> result.to_dict()["role_counts"]  # doctest: +SKIP
         {'previous-token': 2, 'first-token': 9, 'broad': 13, 'mixed': 48}
     """
+    from keras_mha.analysis.recording import record_attention
     from keras_mha.commands.progress import ProgressBar
-    from keras_mha.layers.attention_probe import record_attention
     from keras_mha.pruning.discovery import require_attention_layers
 
     layers = require_attention_layers(model)

@@ -36,9 +36,9 @@ def prepare_treebank(treebank, tokenizer, *, seq_len, argument="--conllu"):
 
 def treebank_accuracy(model, layers, prepared, *, batch_size):
     """A `SyntaxReport` of every head of `layers` on `prepared` (from `prepare_treebank`)."""
+    from keras_mha.analysis.calls import model_inputs, run_model, takes_padding_mask
     from keras_mha.analysis.data import TokenData
-    from keras_mha.analysis.run import model_inputs, run_model, takes_padding_mask
-    from keras_mha.layers.attention_probe import record_attention
+    from keras_mha.analysis.recording import record_attention
 
     aligned, skipped, source = prepared
     if not takes_padding_mask(model):

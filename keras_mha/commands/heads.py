@@ -20,7 +20,12 @@ import argparse
 import json
 from pathlib import Path
 
-from keras_mha.commands.options import add_hub_checkpoint_arguments, add_text_batching_arguments
+from keras_mha.commands.options import (
+    add_hub_arguments,
+    add_text_batching_arguments,
+    fit_text_batching_to_model,
+)
+from keras_mha.commands.output import write_stdout
 from keras_mha.errors import MissingDependencyError, UnsupportedModelError, UsageError
 
 IMPORTANCE_METHODS = ("taylor", "ablation", "magnitude")
@@ -80,7 +85,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype", choices=DTYPES, help="load and compute in this dtype (default: checkpoint's)"
     )
-    add_hub_checkpoint_arguments(parser)
+    add_hub_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
@@ -157,8 +162,10 @@ def load_model(arguments):
     from keras_mha.models import export as exporting
 
     return exporting.load_for_pruning(
-        arguments.model, dtype=arguments.dtype, revision=arguments.revision, token=arguments.token
-    )
+        arguments.model, dtype=arguments.dtype, revision=arguments.revision,
+        token=arguments.token, endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None, timeout=arguments.timeout,
+    )  # fmt: skip
 
 
 def _require_attention(model, arguments):
@@ -218,10 +225,10 @@ def run(arguments) -> int:
     text = read_text_argument(arguments.text, arguments.max_tokens)
     from keras_mha.analysis.data import is_causal, model_tokenizer
     from keras_mha.analysis.run import head_roles
-    from keras_mha.cli import write_stdout
     from keras_mha.pruning.discovery import find_attention_layers
 
     model = load_model(arguments)
+    fit_text_batching_to_model(model, arguments)
     _require_attention(model, arguments)
     tokenizer = model_tokenizer(model, arguments.tokenizer, argument="--tokenizer")
     progress = None if arguments.format != "json" else False

@@ -36,8 +36,9 @@ import warnings
 from pathlib import Path
 
 from keras_mha.commands.options import (
-    add_hub_checkpoint_arguments,
+    add_hub_arguments,
     add_text_batching_arguments,
+    fit_text_batching_to_model,
     positive_int_type,
 )
 from keras_mha.errors import ExportError, PruningError, UsageError
@@ -115,7 +116,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_text_batching_arguments(
         parser,
         text_flag="--data",
-        seq_len_help="tokens per example",
+        seq_len_help="tokens per sequence (each example)",
         batch_help="examples per batch",
     )
     parser.add_argument(
@@ -153,14 +154,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
     )
-    add_hub_checkpoint_arguments(parser)
+    add_hub_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
 
 def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
-    from keras_mha.models.export_files import check_output_file, check_output_folder, parse_size
+    from keras_mha.models.export_files import (
+        check_not_in_source,
+        check_output_file,
+        check_output_folder,
+        parse_size,
+    )
 
     if arguments.method not in METHODS:
         raise UsageError(
@@ -187,14 +193,18 @@ def _check_arguments(arguments):
             key="--max-shard-size",
             value=arguments.max_shard_size,
         ) from error
-    source = Path(arguments.source)
-    check_output_folder(
-        arguments.out,
-        overwrite=arguments.overwrite,
-        source=source if source.is_dir() else None,
-    )
+    source = Path(arguments.source).expanduser()
+    sources = [source] if source.is_dir() else []
+    check_output_folder(arguments.out, overwrite=arguments.overwrite, source=sources)
+    if sources:
+        from keras_mha.models.export import source_files
+
+        source_files(source)  # the files the export copies stay inside SOURCE
     if arguments.heatmap:
         check_output_file(arguments.heatmap, suffix=".png", argument="--heatmap")
+        check_not_in_source(
+            arguments.heatmap, sources, argument="--heatmap", shown=arguments.heatmap
+        )
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
@@ -213,10 +223,11 @@ def _prune_target(target, layers, uniform):
         return target, "per_layer"
     if target % len(layers):
         lower = (target // len(layers)) * len(layers)
+        nearest = [count for count in (lower, lower + len(layers)) if count > 0]
         raise PruningError(
             f"--target {target}: with --uniform every one of the {len(layers)} attention layers "
             f"loses the same number of heads, so the count must be a multiple of {len(layers)} "
-            f"(e.g. {max(lower, len(layers))} or {lower + len(layers)}); or pass a fraction",
+            f"(e.g. {' or '.join(map(str, nearest))}); or pass a fraction",
             key="--target",
             value=target,
         )
@@ -252,6 +263,25 @@ def _choose_heads(model, scores, arguments):
             key="--target",
         )
     return chosen
+
+
+def _requested_heads(target, heads_total: int) -> float:
+    """Heads the target asks for: a fraction of all heads, or a count."""
+    return target * heads_total if isinstance(target, float) else float(target)
+
+
+def _rounding(arguments, removed: int, total: int) -> str | None:
+    """How the target was rounded to what the layers can lose, or None when it was not."""
+    asked = _requested_heads(arguments.target, total)
+    if removed == asked:
+        return None
+    unit = "whole KV groups" if arguments.policy == "group" else "one query head per KV group"
+    where = " in every layer alike (--uniform)" if arguments.uniform else ""
+    return (
+        f"--target {_shown_target(arguments.target)} asks for {asked:g} of {total} heads; "
+        f"{removed} ({removed / total:.1%}) removed: heads go in {unit}{where}, at least one "
+        "kept per layer"
+    )
 
 
 def _uniform_scores(model):
@@ -458,9 +488,12 @@ def run(arguments) -> int:
     json_output = arguments.format == "json"
     progress_enabled = None if not json_output else False
     model = exporting.load_for_pruning(
-        arguments.source, dtype=arguments.dtype, revision=arguments.revision, token=arguments.token
-    )
+        arguments.source, dtype=arguments.dtype, revision=arguments.revision,
+        token=arguments.token, endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None, timeout=arguments.timeout,
+    )  # fmt: skip
     kind = exporting.model_kind(model)
+    fit_text_batching_to_model(model, arguments)
     # Refuse a target the layers cannot take before any measuring or scoring.
     _choose_heads(model, _uniform_scores(model), arguments)
     directory = exporting.source_directory(model)
@@ -480,6 +513,8 @@ def run(arguments) -> int:
         gates[path][heads] = 0.0
     set_head_gates(model, gates)
     heads_total = int(sum(len(values) for values in gates.values()))
+    heads_removed = int(sum(len(heads) for heads in chosen.values()))
+    rounding = _rounding(arguments, heads_removed, heads_total)
     prune_heads(model)
     after, _ = measure_model(
         model, kind, data, arguments, sequence_length, latency_inputs, reference=reference
@@ -500,8 +535,10 @@ def run(arguments) -> int:
         "uniform": arguments.uniform,
         "target": {
             "requested": arguments.target,
-            "heads_removed": int(sum(len(h) for h in chosen.values())),
+            "heads_removed": heads_removed,
             "heads_total": heads_total,
+            "requested_heads": _requested_heads(arguments.target, heads_total),
+            "rounding": rounding,
         },
         "data": None
         if data is None
@@ -550,7 +587,8 @@ def _export(model, arguments):
             raise ExportError("the pruned model is not uniform although --uniform was given")
         from keras_mha.models.export_files import output_folder
 
-        with output_folder(arguments.out, overwrite=arguments.overwrite) as staging:
+        source = exporting.source_directory(model)
+        with output_folder(arguments.out, overwrite=arguments.overwrite, source=source) as staging:
             model.save(staging / "model.keras")
         out = Path(arguments.out)
         return {

@@ -40,6 +40,7 @@ TOKENIZER_FILE_NAME = "tokenizer.json"
 # Reading stops once this many characters per wanted token were read (tokens are
 # rarely shorter than a character); bounds memory for a huge --data file.
 _CHARACTERS_PER_TOKEN_READ = 16
+_READ_CHUNK = 1 << 20  # characters
 # What `--data` cannot be: reading a device or socket never ends (or ends in garbage).
 _NOT_TEXT_FILES = (
     (stat.S_ISDIR, "a directory"),
@@ -59,7 +60,8 @@ def load_tokenizer(directory, *, argument="SOURCE"):
 
     Raises:
         MissingDependencyError: `tokenizers` is not installed.
-        CheckpointError: the directory has no readable `tokenizer.json`.
+        CheckpointError: the directory has no readable `tokenizer.json`, or it is a link
+            leading out of the directory.
 
     Example:
         >>> tokenizer = load_tokenizer("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
@@ -73,8 +75,10 @@ def load_tokenizer(directory, *, argument="SOURCE"):
             "--data needs the `tokenizers` package to read the checkpoint's tokenizer.json: "
             "pip install 'keras-mha[prune]'"
         ) from error
+    from keras_mha.models.local_files import file_in_folder
+
     path = Path(directory) / TOKENIZER_FILE_NAME
-    if not path.is_file():
+    if file_in_folder(directory, TOKENIZER_FILE_NAME) is None:
         raise CheckpointError(
             f"{argument}: {str(directory)!r} has no {TOKENIZER_FILE_NAME}; --data is tokenised "
             "with the checkpoint's own fast tokenizer (use --method magnitude to prune without "
@@ -140,7 +144,7 @@ def read_text(path, *, max_characters=None, argument="--data"):
     path = check_text_file(path, argument=argument)
     try:
         with path.open(encoding="utf-8") as handle:
-            return handle.read() if max_characters is None else handle.read(max_characters)
+            return _read_at_most(handle, max_characters)
     except FileNotFoundError:
         raise PathError(f"{argument}: {str(path)!r} does not exist", path=str(path)) from None
     except UnicodeDecodeError as error:
@@ -153,6 +157,19 @@ def read_text(path, *, max_characters=None, argument="--data"):
         raise PathError(
             f"{argument}: cannot read {str(path)!r} ({error.strerror or error})", path=str(path)
         ) from None
+
+
+def _read_at_most(handle, limit):
+    """Up to `limit` characters (None: all), a chunk at a time: a text file's `read(n)`
+    reserves memory for `n` characters first, so a huge `--max-tokens` would fail."""
+    parts, remaining = [], limit
+    while remaining is None or remaining > 0:
+        chunk = handle.read(_READ_CHUNK if remaining is None else min(remaining, _READ_CHUNK))
+        if not chunk:
+            break
+        parts.append(chunk)
+        remaining = None if remaining is None else remaining - len(chunk)
+    return "".join(parts)
 
 
 def characters_to_read(max_tokens):

@@ -1,31 +1,21 @@
-"""Recording the attention probabilities of keras-mha layers while a model runs.
+"""The layer side of recording attention: keras-mha attention layers ask `is_recording`
+(while recording they take the generic, non-fused path, as with
+`return_attention_scores=True`, and the eager PyTorch decode fast path is not taken)
+and hand their probabilities to `observe`, which passes them, as float32 NumPy arrays
+`(batch, num_heads, query_length, key_length)`, to whoever registered the layer with
+`recording`. Outputs are unchanged (to float round-off).
 
-`record_attention(model, callback)` makes every keras-mha attention layer of `model`
-hand its attention probabilities, `(batch, num_heads, query_length, key_length)`
-float32 NumPy arrays, to `callback(path, probabilities)` on each call, in call order.
-Statistics can so be accumulated batch by batch without keeping any map. Without a
-callback, the probe keeps the maps of each layer's latest call (`probe.attention`),
-for looking at one batch.
-
-Recording is per process (a block on one thread is seen by calls on others). While
-recording, the layers take the generic (non-fused) path, as with
-`return_attention_scores=True`, even with `flash_attention=True`; the eager PyTorch
-decode fast path is not taken either. Outputs are unchanged (to float round-off).
-Call the model eagerly (`model(inputs)`): inside `jax.jit`, `tf.function` or
-`torch.compile` (as `predict` and `fit` run it) the probabilities are not values yet,
-and recording refuses them.
+Recording is per process (a block on one thread is seen by calls on others). Call the
+model eagerly: inside `jax.jit`, `tf.function` or `torch.compile` the probabilities are
+not values yet, and `observe` refuses them. Models are recorded with
+`keras_mha.analysis.recording.record_attention(model, callback)`.
 
 Example:
-    >>> entropy = {}
-    >>> def on_attention(path, probabilities):
-    ...     p = probabilities[probabilities > 0]
-    ...     entropy[path] = entropy.get(path, 0.0) - float((p * np.log(p)).sum())
-    >>> with record_attention(model, on_attention):  # doctest: +SKIP
-    ...     model({"token_ids": ids, "padding_mask": mask})
-    >>> with record_attention(model) as probe:  # doctest: +SKIP
-    ...     model(ids)
-    >>> probe.attention["blocks_0/attention"].shape  # doctest: +SKIP
-    (1, 12, 9, 9)
+    >>> shapes = {}
+    >>> with recording({"attention": layer}, lambda path, p: shapes.update({path: p.shape})):
+    ...     layer(x)  # doctest: +SKIP
+    >>> shapes  # doctest: +SKIP
+    {'attention': (1, 4, 9, 9)}
 """
 
 from __future__ import annotations
@@ -81,68 +71,27 @@ def _has_value(tensor) -> bool:
     return True
 
 
-class AttentionProbe:
-    """What `record_attention` yields.
-
-    Attributes:
-        layers: `{path: layer}` of the recorded attention layers, in model order.
-        attention: `{path: probabilities}` of each layer's latest call (only when
-            no callback was given).
-        calls: `{path: number of calls recorded}`.
-    """
-
-    def __init__(self, layers, callback):
-        self.layers = dict(layers)
-        self.attention = {}
-        self.calls = dict.fromkeys(self.layers, 0)
-        self._callback = callback
-
-    def _receive(self, path, probabilities):
-        self.calls[path] += 1
-        if self._callback is None:
-            self.attention[path] = probabilities
-        else:
-            self._callback(path, probabilities)
-
-
 @contextlib.contextmanager
-def record_attention(model, callback=None):
-    """Within the block, every keras-mha attention layer of `model` reports its probabilities.
-
-    Args:
-        model: a Keras model or layer holding keras-mha attention layers (found as
-            `keras_mha.pruning.find_attention_layers` finds them, with the same paths).
-        callback: `callback(path, probabilities)`, called once per layer call with a
-            float32 NumPy array `(batch, num_heads, query_length, key_length)`; rows of
-            padded queries are zeros. None keeps each layer's latest map in
-            `probe.attention` instead.
-
-    Yields:
-        An `AttentionProbe`.
-
-    Raises:
-        ValueError: `model` holds no keras-mha attention layer.
+def recording(layers, receive):
+    """Within the block, each layer of `layers` (`{path: layer}`) hands its probabilities to
+    `receive(path, probabilities)`; an enclosing block's recording of the same layers
+    resumes after it. `keras_mha.analysis.recording.record_attention` is the model-level
+    entry point.
 
     Example:
-        >>> with record_attention(model) as probe:  # doctest: +SKIP
-        ...     model(token_ids)
-        >>> sorted(probe.calls.values())  # doctest: +SKIP
-        [1, 1]
+        >>> with recording({"attention": layer}, print):  # doctest: +SKIP
+        ...     layer(x)
     """
-    from keras_mha.pruning.discovery import require_attention_layers
-
-    layers = require_attention_layers(model)
-    probe = AttentionProbe(layers, callback)
     keys = [id(layer) for layer in layers.values()]
     outer = {key: _RECORDING[key] for key in keys if key in _RECORDING}  # a nested block's
     for key, path in zip(keys, layers, strict=True):
-        _RECORDING[key] = (path, probe._receive)
+        _RECORDING[key] = (path, receive)
     try:
-        yield probe
+        yield
     finally:
         for key in keys:
             _RECORDING.pop(key, None)
         _RECORDING.update(outer)
 
 
-__all__ = ["AttentionProbe", "is_recording", "observe", "record_attention"]
+__all__ = ["is_recording", "observe", "recording"]

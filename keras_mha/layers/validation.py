@@ -167,7 +167,8 @@ def check_rank(name, shape):
 
 
 def check_input_shapes(query_shape, value_shape=None, key_shape=None):
-    """Ranks, and batch / length agreement of `query`, `value` and `key`, where static.
+    """Ranks, a non-empty query, and batch / length agreement of `query`, `value` and `key`,
+    where static.
 
     `value` defaults to `query` and `key` to `value`, as in the layer's call.
     Unknown (None) dimensions are not compared.
@@ -192,11 +193,27 @@ def check_input_shapes(query_shape, value_shape=None, key_shape=None):
             f"the last); received key shape {_dims(key_shape)} and value shape "
             f"{_dims(value_shape)}."
         )
+    check_query_length(query_shape)
     query_batch, value_batch = _known(query_shape[0]), _known(value_shape[0])
     if query_batch is not None and value_batch is not None and query_batch != value_batch:
         raise ValueError(
             "`query` and `value` must have the same batch size; received query shape "
             f"{_dims(query_shape)} and value shape {_dims(value_shape)}."
+        )
+
+
+def check_query_length(query_shape):
+    """A query with no positions is refused, where its length is static.
+
+    Example:
+        >>> check_query_length((2, 0, 8))  # raises ValueError
+    """
+    if isinstance(_known(query_shape[1]), int) and _known(query_shape[1]) == 0:
+        # Every backend alike: TensorFlow's CPU matmul fails on an empty query, JAX and
+        # torch would return an empty output.
+        raise ValueError(
+            f"`query` has no positions (shape {_dims(query_shape)}); expected a length of at "
+            "least 1: there is nothing to attend from."
         )
 
 
@@ -213,6 +230,7 @@ def check_call_inputs(query, value, key):
     """
     if value is query and key is query:  # self-attention: nothing to agree with
         check_rank("query", query.shape)
+        check_query_length(query.shape)
         return
     check_input_shapes(query.shape, value.shape, key.shape)
     pairs = []

@@ -6,6 +6,13 @@ one new 64-byte-aligned array in its stored dtype (no memory map, no intermediat
 object), an array that JAX, TensorFlow and PyTorch can adopt as a variable's buffer
 without a further copy (`keras_mha.models.deferred`); `get` widens bfloat16 to float32.
 
+Checkpoints come from strangers, so nothing is trusted before it is checked: every file
+is validated when the checkpoint is opened by the `safetensors` library's own `safe_open`
+(header length, JSON schema, dtypes, offsets; nothing allocated from the header's
+length), the index's shard names must stay inside the folder
+(`keras_mha.models.local_files`), and every problem is one `CheckpointError` naming the
+file. `count_nonfinite` counts a tensor's NaN and infinite values for the loader's warning.
+
 Example:
     >>> from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
     >>> checkpoint = SafetensorsCheckpoint("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
@@ -22,10 +29,16 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from keras_mha.cards.config_values import shown
 from keras_mha.errors import CheckpointError
+from keras_mha.models.local_files import file_in_folder
 
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"
+# The safetensors library's limit on a header's size.
+MAX_HEADER_BYTES = 100_000_000
+# Indexes of the largest Hub models are a few MB; anything far beyond is not an index.
+MAX_INDEX_BYTES = 64 * 2**20
 
 
 # safetensors dtype names -> NumPy dtypes (bfloat16 and float8 from ml_dtypes).
@@ -67,18 +80,118 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+# What the safetensors library's terse reasons mean, for the messages.
+_REASONS_EXPLAINED = {
+    "header too large": "its first 8 bytes declare a header longer than the file or than "
+    "the 100 MB safetensors allows: not a safetensors file",
+    "header too small": "shorter than the 8-byte header length: not a safetensors file",
+    "file not fully covered": "the tensors' data_offsets do not end where the file does: "
+    "a truncated or partial download?",
+    "invalid offset": "data_offsets that overlap, leave a gap or run past the file",
+}
+
+
+def _reason(error: Exception) -> str:
+    """The library's reason, without its prefix, and what it means where it is terse."""
+    text = str(error).split("Error while deserializing header: ", 1)[-1]
+    meaning = next((m for words, m in _REASONS_EXPLAINED.items() if words in text), None)
+    return text if meaning is None else f"{text}: {meaning}"
+
+
 def _read_header(path: Path) -> tuple[dict, int]:
     """The JSON header of a safetensors file (name -> dtype, shape, data_offsets), and the
-    byte offset where its data section starts."""
+    byte offset where its data section starts.
+
+    The `safetensors` library validates the file first (a header length over 100 MB or
+    past the end of the file, JSON that is not its schema, unknown dtypes, offsets that
+    overlap, leave gaps, disagree with the shape or run past the file) without
+    allocating from the untrusted length; only then is the header read here, for the
+    offsets that the library does not expose.
+    """
+    from safetensors import SafetensorError, safe_open
+
     try:
+        with safe_open(str(path), framework="np"):
+            pass
         with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-    except (OSError, struct.error, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from error
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: not a safetensors file (its header is not an object)")
+            prefix = handle.read(8)
+            length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else 0
+            # Bounded again: the file may have changed since the library checked it.
+            encoded = handle.read(min(length, MAX_HEADER_BYTES))
+    except SafetensorError as error:
+        raise CheckpointError(
+            f"{path}: not a valid safetensors file ({_reason(error)})",
+            path=str(path),
+        ) from None
+    except OSError as error:
+        raise CheckpointError(
+            f"{path}: cannot be read ({error.strerror or error})", path=str(path)
+        ) from None
+    try:
+        header = json.loads(encoded)
+        if len(encoded) != length or not isinstance(header, dict):
+            raise ValueError(f"{len(encoded)} of {length} bytes")
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(
+            f"{path}: changed while it was read (its header no longer reads: {error})",
+            path=str(path),
+        ) from None
     return header, 8 + length
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The `weight_map` of a safetensors index: `{tensor name: shard file name}`.
+
+    Raises:
+        CheckpointError: the file is over 64 MB, not JSON, not an object, or its
+            `weight_map` is not an object of strings.
+
+    Example:
+        >>> read_weight_map(Path("model.safetensors.index.json"))  # doctest: +SKIP
+        {'lm_head.weight': 'model-00002-of-00002.safetensors', ...}
+    """
+    try:
+        size = index.stat().st_size
+        if size > MAX_INDEX_BYTES:
+            raise CheckpointError(
+                f"{index}: {size} bytes; a safetensors index is at most {MAX_INDEX_BYTES} bytes "
+                "(a few KB per thousand tensors)",
+                path=str(index),
+            )
+        raw = json.loads(index.read_bytes())
+    except OSError as error:
+        raise CheckpointError(
+            f"{index}: cannot be read ({error.strerror or error})", path=str(index)
+        ) from None
+    except (ValueError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise CheckpointError(
+            f"{index}: not a safetensors index (not JSON: {reason})", path=str(index)
+        ) from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict):
+        if not isinstance(raw, dict):
+            found = shown(raw)
+        elif "weight_map" not in raw:
+            found = f"an object without 'weight_map' ({len(raw)} other keys)"
+        else:
+            found = f"'weight_map': {shown(weight_map)}"
+        raise CheckpointError(
+            f"{index}: not a safetensors index: expected a JSON object whose 'weight_map' maps "
+            f"tensor names to shard file names; found {found}",
+            path=str(index),
+            key="weight_map",
+        )
+    for key, name in weight_map.items():
+        if not isinstance(name, str):
+            raise CheckpointError(
+                f"{index}: 'weight_map' maps tensor {shown(key)} to {shown(name)}; expected the "
+                "file name of a shard (a string)",
+                path=str(index),
+                key=key,
+                value=name,
+            )
+    return weight_map
 
 
 def _read_into(path: Path, offset: int, target: np.ndarray, key: str) -> None:
@@ -102,12 +215,19 @@ def _read_into(path: Path, offset: int, target: np.ndarray, key: str) -> None:
 class SafetensorsCheckpoint:
     """The tensors of a local safetensors checkpoint, single file or sharded.
 
+    Every file is checked when the checkpoint is opened: the index is a JSON object whose
+    `weight_map` maps tensor names to shard names; each shard stays inside the folder
+    (`keras_mha.models.local_files`: no absolute path, no `..` or symlink leading out)
+    and is a valid safetensors file holding the tensors the index places in it. Tensors
+    are read only later, one at a time.
+
     Args:
         path: a directory holding `model.safetensors` or `model.safetensors.index.json`
             (with its shards), or the path of one `.safetensors` file.
 
     Raises:
-        CheckpointError: no such directory or file, or a malformed index.
+        CheckpointError: no such directory or file, a malformed index or safetensors file,
+            or a shard outside the folder; the message names the file and what is wrong.
 
     Example:
         >>> checkpoint = SafetensorsCheckpoint("/path/to/checkpoint")  # doctest: +SKIP
@@ -120,37 +240,58 @@ class SafetensorsCheckpoint:
         self.directory = path if path.is_dir() else path.parent
         self._headers: dict[Path, tuple[dict, int]] = {}
         if path.is_file():
-            files = {path}
-            self._file_of = {key: path for key in self._header(path)[0] if key != "__metadata__"}
-        elif (path / INDEX_FILE_NAME).is_file():
-            index_path = path / INDEX_FILE_NAME
-            try:
-                weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as error:
-                raise CheckpointError(
-                    f"{index_path}: not a safetensors index with a 'weight_map' object ({error})"
-                ) from error
-            self._file_of = {key: path / name for key, name in weight_map.items()}
-            files = set(self._file_of.values())
-        elif (path / SINGLE_FILE_NAME).is_file():
-            single = path / SINGLE_FILE_NAME
-            files = {single}
-            self._file_of = {
-                key: single for key in self._header(single)[0] if key != "__metadata__"
-            }
+            self._file_of = self._tensors_of(path)
         elif path.is_dir():
-            present = sorted(p.name for p in path.iterdir())[:10]
-            raise CheckpointError(
-                f"{path}: no {SINGLE_FILE_NAME} or {INDEX_FILE_NAME} in this directory "
-                f"(it holds {present}); pass a directory with a safetensors checkpoint"
-            )
+            index = file_in_folder(path, INDEX_FILE_NAME)
+            single = None if index is not None else file_in_folder(path, SINGLE_FILE_NAME)
+            if index is not None:
+                self._file_of = self._indexed_tensors(path, path / INDEX_FILE_NAME)
+            elif single is not None:
+                self._file_of = self._tensors_of(path / SINGLE_FILE_NAME)
+            else:
+                present = sorted(p.name for p in path.iterdir())[:10]
+                raise CheckpointError(
+                    f"{path}: no {SINGLE_FILE_NAME} or {INDEX_FILE_NAME} in this directory "
+                    f"(it holds {present}); pass a directory with a safetensors checkpoint",
+                    path=str(path),
+                )
         else:
-            raise CheckpointError(f"{path}: no such checkpoint directory or safetensors file")
-        missing = sorted(str(f) for f in files if not f.is_file())
+            raise CheckpointError(
+                f"{path}: no such checkpoint directory or safetensors file", path=str(path)
+            )
+
+    def _tensors_of(self, file: Path) -> dict[str, Path]:
+        return {key: file for key in self._header(file)[0] if key != "__metadata__"}
+
+    def _indexed_tensors(self, folder: Path, index: Path) -> dict[str, Path]:
+        """`{tensor: shard}` from the index, every shard checked against its header."""
+        weight_map = read_weight_map(index)
+        shard_of_name: dict[str, Path] = {}
+        missing = []
+        for name in weight_map.values():
+            if name in shard_of_name:
+                continue
+            if file_in_folder(folder, name, named_in=str(index)) is None:
+                missing.append(name)
+            shard_of_name[name] = folder / name
         if missing:
             raise CheckpointError(
-                f"{path}: shard(s) named in {INDEX_FILE_NAME} are missing: {missing}"
+                f"{folder}: shard(s) named in {INDEX_FILE_NAME} are missing: "
+                f"{shown(sorted(missing))}",
+                path=str(folder),
             )
+        file_of = {}
+        for key, name in weight_map.items():
+            shard = shard_of_name[name]
+            if key not in self._header(shard)[0] or key == "__metadata__":
+                raise CheckpointError(
+                    f"{shard}: {INDEX_FILE_NAME} places tensor {shown(key)} in this shard, but its "
+                    f"header has no such tensor",
+                    path=str(shard),
+                    key=key,
+                )
+            file_of[key] = shard
+        return file_of
 
     def keys(self) -> list[str]:
         """Every tensor key of the checkpoint, sorted."""
@@ -169,34 +310,12 @@ class SafetensorsCheckpoint:
         return self._headers[path]
 
     def _entry(self, key: str) -> tuple[Path, dict, int]:
-        """(file, header entry, data start) of tensor `key`."""
+        """(file, header entry, data start) of tensor `key` (validated on opening)."""
         if key not in self._file_of:
             raise CheckpointError(f"tensor {key!r} not found in {self.describe()}", key=key)
         path = self._file_of[key]
         header, data_start = self._header(path)
-        entry = header.get(key)
-        if not isinstance(entry, dict):
-            raise CheckpointError(
-                f"{path}: {INDEX_FILE_NAME} places tensor {key!r} in this shard, but its "
-                f"header has no such tensor",
-                path=str(path),
-                key=key,
-            )
-        shape, offsets = entry.get("shape"), entry.get("data_offsets")
-        if not (
-            isinstance(shape, list)
-            and all(isinstance(n, int) and n >= 0 for n in shape)
-            and isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(isinstance(n, int) for n in offsets)
-        ):
-            raise CheckpointError(
-                f"{path}: the header entry of tensor {key!r} is {entry!r}; expected a 'shape' "
-                f"list of non-negative integers and 'data_offsets' [start, end]",
-                path=str(path),
-                key=key,
-            )
-        return path, entry, data_start
+        return path, header[key], data_start
 
     def shape_of(self, key: str) -> tuple[int, ...]:
         """The shape of tensor `key`, read from its file's header (no data is read)."""
@@ -209,6 +328,11 @@ class SafetensorsCheckpoint:
             return str(self.directory / INDEX_FILE_NAME)
         files = sorted({str(f) for f in self._file_of.values()})
         return files[0] if len(files) == 1 else str(self.directory)
+
+    def dtype_of(self, key: str) -> str:
+        """The safetensors dtype name of tensor `key` (`"F32"`, `"BF16"`, ...)."""
+        _, entry, _ = self._entry(key)
+        return entry["dtype"]
 
     def nbytes_of(self, key: str) -> int:
         """The bytes tensor `key` takes in its file, from the header (no data is read)."""
@@ -224,8 +348,8 @@ class SafetensorsCheckpoint:
         intermediate bytes object. bfloat16 comes back as `ml_dtypes.bfloat16`.
 
         Raises:
-            CheckpointError: no tensor `key`, a dtype NumPy cannot hold, offsets that
-                disagree with the shape, or a file that ends before the tensor does.
+            CheckpointError: no tensor `key`, a dtype NumPy cannot hold, or a file that
+                ends before the tensor does (it changed since it was opened).
 
         Example:
             >>> checkpoint.read("model.norm.weight").dtype  # doctest: +SKIP
@@ -241,15 +365,7 @@ class SafetensorsCheckpoint:
                 key=key,
             )
         shape = tuple(int(n) for n in entry["shape"])
-        start, end = (int(n) for n in entry["data_offsets"])
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if start < 0 or end - start != nbytes:
-            raise CheckpointError(
-                f"{path}: tensor {key!r} has data_offsets {[start, end]} ({end - start} bytes), "
-                f"but its shape {list(shape)} of {entry['dtype']} needs {nbytes} bytes",
-                path=str(path),
-                key=key,
-            )
+        start = int(entry["data_offsets"][0])
         array = aligned_empty(shape, dtype)
         _read_into(path, data_start + start, array, key)
         return array
@@ -264,6 +380,48 @@ class SafetensorsCheckpoint:
         return array.astype(np.float32) if array.dtype == ml_dtypes.bfloat16 else array
 
 
+# Bits that are all ones in the exponent of a NaN or an infinity, per float width.
+_EXPONENT_BITS = {
+    np.dtype("float64"): np.uint64(0x7FF0000000000000),
+    np.dtype("float32"): np.uint32(0x7F800000),
+    np.dtype("float16"): np.uint16(0x7C00),
+    np.dtype(ml_dtypes.bfloat16): np.uint16(0x7F80),
+}
+_CHUNK_ELEMENTS = 1 << 18
+
+
+def count_nonfinite(array: np.ndarray) -> int:
+    """How many elements of `array` are NaN or infinite (0 for integer arrays).
+
+    A chunk at a time, so no temporary as large as the tensor is made. A chunk of
+    float32 or float64 whose sum is finite holds no NaN or inf (they would carry into the
+    sum, NumPy's fastest pass); other chunks, and the 16-bit floats (slow to sum, quick
+    to mask), are counted on their bits (an all-ones exponent).
+
+    Example:
+        >>> count_nonfinite(np.array([1.0, np.nan, -np.inf, 2.0], "float32"))
+        2
+    """
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.dtype.kind in "biu":
+        return 0
+    mask = _EXPONENT_BITS.get(flat.dtype)
+    summed = flat.dtype in (np.float32, np.float64)
+    count = 0
+    for start in range(0, flat.size, _CHUNK_ELEMENTS):
+        chunk = flat[start : start + _CHUNK_ELEMENTS]
+        if summed:
+            with np.errstate(all="ignore"):  # an overflowing sum is merely counted exactly
+                if np.isfinite(np.sum(chunk)):
+                    continue
+        if mask is None:  # float8 and other ml_dtypes
+            count += int(np.count_nonzero(~np.isfinite(chunk)))
+        else:
+            bits = chunk.view(mask.dtype)
+            count += int(np.count_nonzero(bits & mask == mask))
+    return count
+
+
 __all__ = [
     "BUFFER_ALIGNMENT",
     "INDEX_FILE_NAME",
@@ -271,4 +429,6 @@ __all__ = [
     "SINGLE_FILE_NAME",
     "SafetensorsCheckpoint",
     "aligned_empty",
+    "count_nonfinite",
+    "read_weight_map",
 ]

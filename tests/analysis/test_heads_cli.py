@@ -16,7 +16,7 @@ import keras
 import pytest
 
 from keras_mha.cli import main
-from tests.test_rebuild_minilm import minilm_directory
+from tests.cards.test_rebuild_minilm import minilm_directory
 
 DATA = Path(__file__).parents[2] / "examples" / "data" / "heads"
 TEXT = DATA / "public-domain.txt"
@@ -178,8 +178,8 @@ def test_a_decoder_reads_windows_and_scores_heads_with_taylor(tmp_path, capsys):
     import torch
     import transformers
 
-    from tests.test_prune_cli import TEXT as PRUNE_TEXT
-    from tests.test_prune_cli import _bpe_tokenizer
+    from tests.cli.test_prune import TEXT as PRUNE_TEXT
+    from tests.cli.test_prune import _bpe_tokenizer
 
     torch.manual_seed(0)
     tokenizer = _bpe_tokenizer(PRUNE_TEXT)
@@ -219,12 +219,15 @@ def test_a_decoder_reads_windows_and_scores_heads_with_taylor(tmp_path, capsys):
     [
         (["--revision", "../../x"], 11, "revision"),
         (["--token", "hf_abc\ndef"], 12, "token"),
+        (["--offline"], 8, "offline mode is on"),
+        (["--endpoint", "ftp://hub.example"], 2, "--endpoint"),
     ],
 )
 def test_hub_flags_follow_the_rules_of_the_other_commands(
     tmp_path, monkeypatch, capsys, flags, code, message
 ):
-    """A Hub id with a bad revision or token: one line, its exit code, no request made."""
+    """A Hub id with a bad revision, token or endpoint, or offline without the weights in
+    the cache: one line, its exit code, no request made."""
     from tests.hub_server import hub_environment, world_with_deep_working_directory
 
     world = world_with_deep_working_directory(tmp_path, monkeypatch)

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import pytest
 
+from keras_mha.analysis.recording import record_attention
 from keras_mha.analysis.run import head_roles
 from keras_mha.layers import GroupedQueryAttention
-from keras_mha.layers.attention_probe import record_attention
 
 LENGTH = 8
 SHARPNESS = 12.0

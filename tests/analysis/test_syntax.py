@@ -24,7 +24,7 @@ from keras_mha.analysis.syntax import (
     word_attention,
 )
 from keras_mha.errors import PathError, UsageError
-from tests.test_rebuild_minilm import minilm_directory
+from tests.cards.test_rebuild_minilm import minilm_directory
 
 pytestmark = pytest.mark.backend_independent
 

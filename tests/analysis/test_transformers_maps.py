@@ -21,8 +21,8 @@ from keras_mha.analysis.data import (
 )
 from keras_mha.analysis.run import head_roles
 from keras_mha.analysis.statistics import STATISTIC_NAMES, HeadStatistics
+from tests.cards.test_rebuild_minilm import minilm_directory
 from tests.models_checkpoints import loaded
-from tests.test_rebuild_minilm import minilm_directory
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
