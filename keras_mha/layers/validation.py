@@ -208,7 +208,7 @@ def check_query_length(query_shape):
     Example:
         >>> check_query_length((2, 0, 8))
         Traceback (most recent call last):
-        ValueError: `query` has no positions (shape (2, 0, 8)); expected a length of at least 1: there is nothing to attend from.
+        ValueError: `query` has no positions (shape (2, 0, 8)); expected a length of at least 1: ...
     """
     if isinstance(_known(query_shape[1]), int) and _known(query_shape[1]) == 0:
         # Every backend alike: TensorFlow's CPU matmul fails on an empty query, JAX and
