@@ -20,16 +20,24 @@ _LAZY_LAYER_EXPORTS = (
 )
 
 
+# Model-level functions, by the module that holds them (imported on first use too).
+_LAZY_FUNCTION_EXPORTS = {"convert_attention": "keras_mha.conversion.convert"}
+
+
 def __getattr__(name):
     if name in _LAZY_LAYER_EXPORTS:
         from keras_mha import layers
 
         return getattr(layers, name)
+    if name in _LAZY_FUNCTION_EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY_FUNCTION_EXPORTS[name]), name)
     raise AttributeError(f"module 'keras_mha' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY_LAYER_EXPORTS))
+    return sorted(list(globals()) + list(_LAZY_LAYER_EXPORTS) + list(_LAZY_FUNCTION_EXPORTS))
 
 
-__all__ = ["__version__", *_LAZY_LAYER_EXPORTS]
+__all__ = ["__version__", *_LAZY_LAYER_EXPORTS, *_LAZY_FUNCTION_EXPORTS]

@@ -268,6 +268,36 @@ def check_uniform(model) -> tuple[int, int, int]:
     )
 
 
+def grouped_query_refusal(model) -> str | None:
+    """Why `model`'s Hub config cannot state its KV heads, or None when it can.
+
+    A config states grouped-query attention only if its family reads
+    `num_key_value_heads` (`keras_mha.cards.families`: Llama, Mistral, Qwen, Gemma,
+    Phi-3, ...); BERT and GPT-2 derive one KV head per query head. Models whose
+    layers keep as many KV heads as query heads need no such key.
+
+    Example:
+        >>> grouped_query_refusal(converted_minilm)  # doctest: +SKIP
+        "model_type='bert': transformers' config for it has no num_key_value_heads ..."
+    """
+    from keras_mha.cards.families import FAMILIES
+
+    counts = set(head_counts(model).values())
+    if all(heads == kv_heads for heads, kv_heads, _ in counts):
+        return None
+    family = FAMILIES.get(model.family)
+    if family is not None and "num_key_value_heads" in family.keys:
+        return None
+    heads, kv_heads, _ = sorted(counts)[0]
+    name = str(source_config(model).get("model_type", model.family))
+    return (
+        f"model_type={name!r}: transformers' config for it has no num_key_value_heads (every "
+        f"query head has its own key/value head), so {heads} query heads sharing {kv_heads} "
+        f"KV head{'s' if kv_heads > 1 else ''} cannot be written as a Hub checkpoint; keep the "
+        "converted model as .keras (model.save(...))"
+    )
+
+
 # -- tensors ----------------------------------------------------------------------------------
 
 
@@ -497,8 +527,9 @@ def save_pretrained(
         An `ExportSummary`.
 
     Raises:
-        ExportError: layers with different head counts, or a family keras-mha cannot
-            state pruned heads for.
+        ExportError: layers with different head counts, a family keras-mha cannot
+            state pruned heads for, or fewer KV heads than query heads in a family whose
+            config cannot say so (`grouped_query_refusal`: BERT).
         PathError: `out_dir` is not writable or not empty.
 
     Warns:
@@ -511,6 +542,9 @@ def save_pretrained(
     """
     config = source_config(model)
     heads, kv_heads, head_dim = check_uniform(model)
+    refusal = grouped_query_refusal(model)
+    if refusal is not None:
+        raise ExportError(refusal, key="num_key_value_heads", value=kv_heads)
     family = model.family
     model_type_name = str(config.get("model_type", family))
     layout = HEAD_SIZE_IN_CONFIG.get(family)
