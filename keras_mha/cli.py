@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "gpt2", "--seq-len", "1k"]).seq_len
         [1024]
     """
-    from keras_mha.commands import compare, options, prune
+    from keras_mha.commands import compare, convert, options, prune
 
     parser = ArgumentParser(
         prog=PROGRAM,
@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands.add_parser("cards", help="list the bundled model cards")
     compare.add_parser(subcommands)
     prune.add_parser(subcommands)
+    convert.add_parser(subcommands)
     subcommands.add_parser(
         "bench",
         help="benchmarks: `bench layers [...]` (default) or `bench model [...]`",

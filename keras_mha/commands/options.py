@@ -1,5 +1,6 @@
-"""Command-line options shared by `inspect` and `compare`: lengths, dtypes, memory sizes,
-and the memory planner's flags. Pure Python (no keras, backend or numpy import).
+"""Command-line options shared by the subcommands: lengths, dtypes, memory sizes, the
+memory planner's flags (`inspect`, `compare`), and the checkpoint-in, checkpoint-out
+flags of `prune` and `convert`. Pure Python (no keras, backend or numpy import).
 
 The argparse `type=` functions turn `keras_mha.errors.UsageError` into argparse's own
 error (exit 2) with the same one-line message; `memory_request` resolves `--gpu` /
@@ -25,6 +26,11 @@ from keras_mha.cards.hub import MAX_TIMEOUT_SECONDS  # the longest --timeout (a 
 from keras_mha.errors import UsageError
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
+# `prune` / `convert`: dtypes a checkpoint is loaded and written in, and the text defaults.
+CHECKPOINT_DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_MAX_TOKENS = 16384
+DEFAULT_SEQ_LEN = 128
+DEFAULT_BATCH_SIZE = 8
 PRECISIONS = ("mixed", "bfloat16", "float32")
 DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.memory.DEFAULT_PREFILL_CHUNK
 
@@ -176,8 +182,91 @@ def memory_request(arguments: argparse.Namespace):
     )
 
 
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, data_help: str) -> None:
+    """Add the flags of a command that reads a Hub checkpoint and writes one (`prune`,
+    `convert`): SOURCE, `--out`, `--data` and how it is cut, `--dtype`, `--max-shard-size`,
+    `--overwrite`, `--revision`, `--token`. `check_checkpoint_arguments` checks them.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_checkpoint_arguments(parser, data_help="text to train on")
+        >>> parser.parse_args(["./model", "--out", "new"]).seq_len
+        128
+    """
+    parser.add_argument("source", metavar="SOURCE", help="checkpoint folder or Hub model id")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    parser.add_argument("--data", metavar="FILE", help=data_help)
+    for flag, default, meaning in (
+        ("--max-tokens", DEFAULT_MAX_TOKENS, "use at most this many tokens of --data"),
+        ("--seq-len", DEFAULT_SEQ_LEN, "tokens per example"),
+        ("--batch-size", DEFAULT_BATCH_SIZE, "examples per batch"),
+    ):
+        parser.add_argument(
+            flag,
+            type=positive_int_type(flag),
+            default=default,
+            help=f"{meaning} (default {default})",
+        )
+    parser.add_argument(
+        "--dtype",
+        choices=CHECKPOINT_DTYPES,
+        help="load and compute in this dtype (default: checkpoint's)",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="split the safetensors above this size (default 5GB)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
+    )
+    parser.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+
+
+def check_checkpoint_arguments(arguments: argparse.Namespace) -> None:
+    """Refuse, before any loading, a `--data` that is not a text file, a bad
+    `--max-shard-size`, or an `--out` that cannot be written (see
+    `keras_mha.models.export_files.check_output_folder`).
+
+    Raises:
+        PathError, UsageError: one line naming the flag.
+
+    Example:
+        >>> check_checkpoint_arguments(parser.parse_args(["./m", "--out", "/"]))  # doctest: +SKIP
+        Traceback (most recent call last):
+        PathError: --out: '/' exists and is not empty; pass --overwrite ...
+    """
+    from pathlib import Path
+
+    from keras_mha.errors import ExportError
+    from keras_mha.models.export_files import check_output_folder, parse_size
+
+    if arguments.data is not None:
+        from keras_mha.commands.prune_data import check_text_file
+
+        check_text_file(arguments.data)
+    try:
+        parse_size(arguments.max_shard_size)
+    except ExportError as error:
+        raise UsageError(
+            f"--max-shard-size {arguments.max_shard_size!r}: expected e.g. 5GB, 500MB or 2GiB",
+            key="--max-shard-size",
+            value=arguments.max_shard_size,
+        ) from error
+    source = Path(arguments.source)
+    check_output_folder(
+        arguments.out,
+        overwrite=arguments.overwrite,
+        source=source if source.is_dir() else None,
+    )
+
+
 __all__ = [
+    "CHECKPOINT_DTYPES",
     "OPTIMIZERS",
+    "add_checkpoint_arguments",
+    "check_checkpoint_arguments",
     "PRECISIONS",
     "add_memory_arguments",
     "dtype_type",

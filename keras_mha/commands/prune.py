@@ -35,17 +35,17 @@ import time
 import warnings
 from pathlib import Path
 
-from keras_mha.commands.options import positive_int_type
+from keras_mha.commands.options import (
+    add_checkpoint_arguments,
+    check_checkpoint_arguments,
+    positive_int_type,
+)
 from keras_mha.errors import ExportError, PruningError, UsageError
 
 METHODS = ("taylor", "ablation", "magnitude")
 POLICIES = ("group", "query")
-DTYPES = ("float32", "bfloat16", "float16")
 FORMATS = ("table", "json")
 CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss default
-DEFAULT_MAX_TOKENS = 16384
-DEFAULT_SEQ_LEN = 128
-DEFAULT_BATCH_SIZE = 8
 
 
 def parse_target(text: str):
@@ -96,7 +96,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "transformers loads, with a before/after report."
         ),
     )
-    parser.add_argument("source", metavar="SOURCE", help="checkpoint folder or Hub model id")
+    add_checkpoint_arguments(parser, data_help="plain UTF-8 text to score on and measure with")
     parser.add_argument(
         "--target",
         required=True,
@@ -104,30 +104,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="heads to remove: 25%% or 0.25 of all heads, or a number of heads (with --uniform "
         "a multiple of the number of layers)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write")
     parser.add_argument(
         "--method", default="taylor", help=f"head importance: {', '.join(METHODS)} (default taylor)"
-    )
-    parser.add_argument(
-        "--data", metavar="FILE", help="plain UTF-8 text to score on and measure with"
-    )
-    parser.add_argument(
-        "--max-tokens",
-        type=positive_int_type("--max-tokens"),
-        default=DEFAULT_MAX_TOKENS,
-        help=f"use at most this many tokens of --data (default {DEFAULT_MAX_TOKENS})",
-    )
-    parser.add_argument(
-        "--seq-len",
-        type=positive_int_type("--seq-len"),
-        default=DEFAULT_SEQ_LEN,
-        help=f"tokens per example (default {DEFAULT_SEQ_LEN})",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int_type("--batch-size"),
-        default=DEFAULT_BATCH_SIZE,
-        help=f"examples per batch (default {DEFAULT_BATCH_SIZE})",
     )
     parser.add_argument(
         "--policy",
@@ -143,9 +121,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "a Hub checkpoint; --no-uniform ranks heads across layers and writes a .keras model "
         "when the layers end up different",
     )
-    parser.add_argument(
-        "--dtype", choices=DTYPES, help="load and compute in this dtype (default: checkpoint's)"
-    )
     parser.add_argument("--format", default="table", choices=FORMATS, help="output (default table)")
     parser.add_argument(
         "--heatmap", metavar="FILE.png", help="also save head importance per layer and head"
@@ -156,23 +131,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=10,
         help="timed forward passes for the latency figure, median kept (default 10)",
     )
-    parser.add_argument(
-        "--max-shard-size",
-        default="5GB",
-        help="split the safetensors above this size (default 5GB)",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
-    )
-    parser.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
-    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
     parser.set_defaults(run=run)
     return parser
 
 
 def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
-    from keras_mha.models.export_files import check_output_file, check_output_folder, parse_size
+    from keras_mha.models.export_files import check_output_file
 
     if arguments.method not in METHODS:
         raise UsageError(
@@ -187,24 +152,7 @@ def _check_arguments(arguments):
             "or use --method magnitude, which needs none",
             key="--data",
         )
-    if arguments.data is not None:
-        from keras_mha.commands.prune_data import check_text_file
-
-        check_text_file(arguments.data)
-    try:
-        parse_size(arguments.max_shard_size)
-    except ExportError as error:
-        raise UsageError(
-            f"--max-shard-size {arguments.max_shard_size!r}: expected e.g. 5GB, 500MB or 2GiB",
-            key="--max-shard-size",
-            value=arguments.max_shard_size,
-        ) from error
-    source = Path(arguments.source)
-    check_output_folder(
-        arguments.out,
-        overwrite=arguments.overwrite,
-        source=source if source.is_dir() else None,
-    )
+    check_checkpoint_arguments(arguments)
     if arguments.heatmap:
         check_output_file(arguments.heatmap, suffix=".png", argument="--heatmap")
         import importlib.util
@@ -299,6 +247,7 @@ def _encoder_scoring(model, data, batch_size, reference):
     """(scoring model, batches, loss, {scoring path: model path}) for an encoder."""
     import keras
 
+    from keras_mha.models.sentence_embedding import sentence_embedding_model
     from keras_mha.pruning import find_attention_layers
 
     embedding_model = sentence_embedding_model(model)
@@ -322,44 +271,6 @@ def _encoder_scoring(model, data, batch_size, reference):
         path: by_id[id(layer)] for path, layer in find_attention_layers(embedding_model).items()
     }
     return embedding_model, batches, contrastive, paths
-
-
-def _sentence_embedding_class():
-    import keras
-
-    class SentenceEmbedding(keras.Model):
-        """An encoder followed by mean pooling over real tokens and L2 normalisation."""
-
-        def __init__(self, encoder, **kwargs):
-            super().__init__(**kwargs)
-            self.encoder = encoder
-
-        def call(self, inputs, training=False):
-            hidden = self.encoder(inputs, training=training)
-            mask = keras.ops.cast(inputs["padding_mask"], hidden.dtype)[..., None]
-            pooled = keras.ops.sum(hidden * mask, axis=1) / keras.ops.maximum(
-                keras.ops.sum(mask, axis=1), 1e-9
-            )
-            pooled = keras.ops.cast(pooled, "float32")
-            return pooled / keras.ops.maximum(
-                keras.ops.sqrt(keras.ops.sum(pooled * pooled, axis=-1, keepdims=True)), 1e-12
-            )
-
-    return SentenceEmbedding
-
-
-def sentence_embedding_model(encoder):
-    """`encoder` followed by mean pooling over real tokens and L2 normalisation.
-
-    Its attention layers are the encoder's own, so scores taken on it are the encoder's.
-    (The class is made on first use: this module is imported without keras for `--help`.)
-
-    Example:
-        >>> embed = sentence_embedding_model(from_pretrained("all-MiniLM-L6-v2"))  # doctest: +SKIP
-        >>> embed({"token_ids": ids, "padding_mask": mask}).shape  # doctest: +SKIP
-        (2, 384)
-    """
-    return _sentence_embedding_class()(encoder)
 
 
 def score_heads(model, kind, data, arguments, reference, progress_enabled):
@@ -403,13 +314,7 @@ def _load_data(arguments, directory, kind):
 
     if arguments.data is None:
         return None
-    tokenizer = prune_data.load_tokenizer(directory)
-    text = prune_data.read_text(
-        arguments.data, max_characters=prune_data.characters_to_read(arguments.max_tokens)
-    )
-    if kind == "decoder":
-        return prune_data.decoder_windows(tokenizer, text, arguments.seq_len, arguments.max_tokens)
-    if arguments.method != "magnitude" and arguments.batch_size < 2:
+    if kind == "encoder" and arguments.method != "magnitude" and arguments.batch_size < 2:
         # The encoder loss ranks each sentence against the others in its batch: alone
         # in a batch, a sentence's loss is exactly 0 and would score nothing.
         raise UsageError(
@@ -418,7 +323,13 @@ def _load_data(arguments, directory, kind):
             key="--batch-size",
             value=arguments.batch_size,
         )
-    return prune_data.encoder_sentences(tokenizer, text, arguments.seq_len, arguments.max_tokens)
+    return prune_data.load_examples(
+        directory,
+        arguments.data,
+        kind=kind,
+        seq_len=arguments.seq_len,
+        max_tokens=arguments.max_tokens,
+    )
 
 
 def _latency_inputs(data, kind, arguments, vocabulary_size):

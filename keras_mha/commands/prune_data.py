@@ -372,3 +372,20 @@ def _pad_id(tokenizer):
         if token_id is not None:
             return int(token_id)
     return 0  # Masked out; any valid id does.
+
+
+def load_examples(directory, path, *, kind, seq_len, max_tokens=None):
+    """The text of `path`, tokenised by `directory`'s tokenizer, as model examples.
+
+    Decoders get next-token windows (`decoder_windows`), encoders sentences
+    (`encoder_sentences`); at most `max_tokens` tokens are read.
+
+    Example:
+        >>> data = load_examples("path/to/llama", "notes.txt", kind="decoder", seq_len=128)
+        ... # doctest: +SKIP
+    """
+    tokenizer = load_tokenizer(directory)
+    text = read_text(path, max_characters=characters_to_read(max_tokens))
+    if kind == "decoder":
+        return decoder_windows(tokenizer, text, seq_len, max_tokens)
+    return encoder_sentences(tokenizer, text, seq_len, max_tokens)
