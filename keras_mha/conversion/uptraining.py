@@ -15,8 +15,8 @@ Distillation keeps the original model beside the converted one (its weights once
 more) and computes its outputs for every batch: for a decoder, the teacher's logits
 (`batch x seq_len x vocab` floats) are held during each step.
 
-The optimizer is AdamW without weight decay, its learning rate warmed up over the
-first tenth of the steps and then decayed along a cosine to a tenth, with gradients
+The optimizer is AdamW without weight decay, its learning rate warmed up linearly over
+the first tenth of the steps and then decayed along a cosine to a tenth, with gradients
 clipped to a global norm of 1.
 
 Example:
@@ -39,6 +39,7 @@ OBJECTIVES = ("next_token", "distill")
 WARMUP_FRACTION = 0.1
 FINAL_LEARNING_RATE_FRACTION = 0.1
 GRADIENT_CLIP_NORM = 1.0
+MIN_ENCODER_LENGTH = 8
 
 
 def held_out_split(data, fraction, *, argument="--held-out"):
@@ -121,8 +122,10 @@ def _batches_class():
                 inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
                 return inputs, self.data.targets[rows]
             mask = self.data.padding_mask[rows]
-            # Cut to the batch's longest sentence (fewer padding columns to compute).
-            length = max(int(mask.sum(axis=1).max()), 1)
+            # Cut to the batch's longest sentence rounded up to a power of two: fewer
+            # padding columns to compute, and few shapes for jit to compile.
+            longest = max(int(mask.sum(axis=1).max()), 1)
+            length = min(max(MIN_ENCODER_LENGTH, 2 ** math.ceil(math.log2(longest))), mask.shape[1])
             inputs = {
                 "token_ids": self.data.token_ids[rows, :length],
                 "padding_mask": mask[:, :length],
@@ -263,7 +266,8 @@ def uptrain(
         )
     warmup = max(1, int(round(steps * WARMUP_FRACTION)))
     schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0,
+        # The first step (step 0 of the warm-up) already learns.
+        initial_learning_rate=float(rate) / (warmup + 1),
         warmup_target=float(rate),
         warmup_steps=warmup,
         decay_steps=max(1, steps - warmup),

@@ -100,9 +100,12 @@ def test_pooled_kv_heads_are_the_mean_or_first_of_each_group(method):
         np.testing.assert_array_equal(_numpy(getattr(layer, name)), before[name])
 
 
+GATES = np.array([1, 0.5, 0, 1, 2, 1, 0.25, 1], "float32")
+
+
 def test_regroup_permutation_leaves_outputs_unchanged():
     layer = _layer(MultiHeadAttention, 8)
-    layer.head_gates.assign(np.array([1, 0.5, 0, 1, 2, 1, 0.25, 1], "float32"))
+    layer.head_gates.assign(GATES)
     x = _inputs()
     before = _numpy(layer(x))
     order = kv_conversion.regroup_order(layer, 2)
@@ -110,82 +113,89 @@ def test_regroup_permutation_leaves_outputs_unchanged():
     queries = kv_conversion.permute_kv_heads(layer, order)
     assert queries == order  # MHA: every query head moves with its KV head
     _assert_round_off(_numpy(layer(x)), before)
-    gates = np.array([1, 0.5, 0, 1, 2, 1, 0.25, 1])[order]
-    np.testing.assert_array_equal(_numpy(layer.head_gates), gates)
+    np.testing.assert_array_equal(_numpy(layer.head_gates), GATES[order])
 
 
 def test_regroup_pairs_identical_heads_so_pooling_them_changes_nothing():
-    # KV heads 0 and 2 are one head twice, and so are 1 and 3: `regroup` must put the
-    # twins together, after which the mean is exact and the outputs stay the same;
-    # `mean` pools the layout's pairs (0, 1) and (2, 3) and does change them.
+    # KV head h + 4 is KV head h again: `regroup` must pair the twins, after which the
+    # mean is exact and the outputs stay the same; `mean` pools the layout's neighbours
+    # (0, 1), (2, 3), ... and does change them.
     def twinned():
-        layer = _layer(MultiHeadAttention, 4, use_qk_norm=False)
+        layer = _layer(MultiHeadAttention, 8)
         for name in ("key_kernel", "value_kernel", "key_bias", "value_bias"):
             variable = getattr(layer, name)
-            value = np.moveaxis(_numpy(variable), -2 if "kernel" in name else 0, 0)
-            value[2], value[3] = value[0], value[1]
-            variable.assign(np.moveaxis(value, 0, -2 if "kernel" in name else 0))
+            axis = 1 if "kernel" in name else 0
+            value = np.moveaxis(_numpy(variable), axis, 0)
+            value[4:] = value[:4]
+            variable.assign(np.moveaxis(value, 0, axis))
         return layer
 
     x = _inputs()
     regrouped, plain = twinned(), twinned()
     before = _numpy(regrouped(x))
-    assert kv_conversion.regroup_order(regrouped, 2) == [0, 2, 1, 3]
-    assert regrouped.convert_kv_heads(2, method="regroup") == [0, 2, 1, 3]
+    twins = [0, 4, 1, 5, 2, 6, 3, 7]
+    assert kv_conversion.regroup_order(regrouped, 4) == twins
+    assert regrouped.convert_kv_heads(4, method="regroup") == twins
     _assert_round_off(_numpy(regrouped(x)), before)
-    plain.convert_kv_heads(2, method="mean")
+    plain.convert_kv_heads(4, method="mean")
     assert np.abs(_numpy(plain(x)) - before).max() > 1e-2 * np.abs(before).max()
 
 
-@numpy_only
-def test_regroup_never_pools_further_apart_heads_than_the_layout():
-    layer = _layer(MultiHeadAttention, 12)
-    values = kv_conversion.head_variable_values(layer)
-    features = kv_conversion._kv_features(values)
-
-    def spread(order):
-        groups = features[order].reshape(4, 3, -1)
-        return float(((groups - groups.mean(axis=1, keepdims=True)) ** 2).sum())
-
-    order = kv_conversion.regroup_order(layer, 4)
-    assert spread(order) < spread(list(range(12)))
-
-
-def test_converted_layer_keeps_cache_gates_and_saves(tmp_path):
-    layer = _layer(MultiHeadAttention, 4)
-    layer.head_gates.assign(np.array([1, 0, 1, 1], "float32"))
+def test_converted_layer_keeps_its_cache_and_gates():
+    layer = _layer(MultiHeadAttention, 8)
+    layer.head_gates.assign(GATES)
     x = _inputs()
     layer.convert_kv_heads(1, method="regroup")
     assert type(layer) is MultiQueryAttention and tuple(layer.key_kernel.shape) == (FEATURES, 1, 4)
     full = _numpy(layer(x))
-    # The gated-off head still contributes nothing: zeroing its output rows changes nothing.
-    gates = _numpy(layer.head_gates)
-    assert sorted(gates.tolist()) == [0, 1, 1, 1]
 
-    # Decoding with the (4x smaller) cache gives the full forward pass, window included.
+    # Decoding with the (8x smaller) cache gives the full forward pass, window included.
     cache = layer.init_cache(batch_size=2, max_length=LENGTH + 1)
     assert tuple(cache.key.shape) == (2, 1, LENGTH + 1, 4)
     prefill, cache = layer(x[:, :-1], cache=cache, cache_index=0)
     step, cache = layer(x[:, -1:], cache=cache, cache_index=LENGTH - 1)
     _assert_round_off(np.concatenate([_numpy(prefill), _numpy(step)], 1), full)
 
-    inputs = keras.Input((LENGTH, FEATURES))
-    model = keras.Model(inputs, layer(inputs))
-    model.save(tmp_path / "converted.keras")
-    loaded = keras.saving.load_model(tmp_path / "converted.keras")
-    restored = loaded.layers[1]
-    assert type(restored) is MultiQueryAttention and restored.num_key_value_heads == 1
-    np.testing.assert_array_equal(_numpy(restored.head_gates), gates)
-    np.testing.assert_allclose(_numpy(loaded(x)), full, atol=1e-6)
+    # The gates still scale their own heads: folded into the output rows, same outputs.
+    np.testing.assert_array_equal(_numpy(layer.head_gates), GATES)
+    layer.output_kernel.assign(_numpy(layer.output_kernel) * GATES[:, None, None])
+    layer.head_gates.assign(np.ones(8, "float32"))
+    _assert_round_off(_numpy(layer(x)), full)
 
 
 @numpy_only
-def test_mha_becomes_a_grouped_query_layer_with_its_count_in_the_config():
-    layer = _layer(MultiHeadAttention, 4)
-    layer.convert_kv_heads(2)
-    assert type(layer) is GroupedQueryAttention and layer.get_config()["num_key_value_heads"] == 2
-    restored = GroupedQueryAttention.from_config(layer.get_config())
-    assert (restored.num_heads, restored.num_key_value_heads) == (4, 2)
+def test_regroup_never_pools_further_apart_heads_than_the_layout():
+    layer = _layer(MultiHeadAttention, 12)
+    features = kv_conversion._kv_features(kv_conversion.head_variable_values(layer))
+
+    def spread(order):
+        groups = features[order].reshape(4, 3, -1)
+        return float(((groups - groups.mean(axis=1, keepdims=True)) ** 2).sum())
+
+    assert spread(kv_conversion.regroup_order(layer, 4)) < spread(list(range(12)))
+
+
+@numpy_only
+def test_converted_layers_save_and_load_as_their_new_class(tmp_path):
+    x = _inputs()
+    inputs = keras.Input((LENGTH, FEATURES))
+    layers = [_layer(MultiHeadAttention, 8, name=f"attention_{i}") for i in range(2)]
+    layers[0].convert_kv_heads(2)
+    layers[1].head_gates.assign(GATES)
+    layers[1].convert_kv_heads(1, method="regroup")
+    assert [type(layer) for layer in layers] == [GroupedQueryAttention, MultiQueryAttention]
+    assert layers[0].get_config()["num_key_value_heads"] == 2
+    model = keras.Model(inputs, layers[1](layers[0](inputs)))
+    output = _numpy(model(x))
+    model.save(tmp_path / "converted.keras")
+    loaded = keras.saving.load_model(tmp_path / "converted.keras")
+    restored = [loaded.get_layer(f"attention_{i}") for i in range(2)]
+    assert [(type(layer), layer.num_key_value_heads) for layer in restored] == [
+        (GroupedQueryAttention, 2),
+        (MultiQueryAttention, 1),
+    ]
+    np.testing.assert_array_equal(_numpy(restored[1].head_gates), _numpy(layers[1].head_gates))
+    np.testing.assert_array_equal(_numpy(loaded(x)), output)
 
 
 @numpy_only
