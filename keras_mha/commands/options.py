@@ -195,33 +195,35 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, data_help: str)
     """
     parser.add_argument("source", metavar="SOURCE", help="checkpoint folder or Hub model id")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder to write")
-    parser.add_argument("--data", metavar="FILE", help=data_help)
+    # Listed under their own heading, after the command's own options.
+    shared = parser.add_argument_group("text, output and Hub options")
+    shared.add_argument("--data", metavar="FILE", help=data_help)
     for flag, default, meaning in (
         ("--max-tokens", DEFAULT_MAX_TOKENS, "use at most this many tokens of --data"),
         ("--seq-len", DEFAULT_SEQ_LEN, "tokens per example"),
         ("--batch-size", DEFAULT_BATCH_SIZE, "examples per batch"),
     ):
-        parser.add_argument(
+        shared.add_argument(
             flag,
             type=positive_int_type(flag),
             default=default,
             help=f"{meaning} (default {default})",
         )
-    parser.add_argument(
+    shared.add_argument(
         "--dtype",
         choices=CHECKPOINT_DTYPES,
         help="load and compute in this dtype (default: checkpoint's)",
     )
-    parser.add_argument(
+    shared.add_argument(
         "--max-shard-size",
         default="5GB",
         help="split the safetensors above this size (default 5GB)",
     )
-    parser.add_argument(
+    shared.add_argument(
         "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
     )
-    parser.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
-    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    shared.add_argument("--revision", help="Hub branch, tag or commit (Hub ids only)")
+    shared.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
 
 
 def check_checkpoint_arguments(arguments: argparse.Namespace) -> None:

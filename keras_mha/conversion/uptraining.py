@@ -68,7 +68,7 @@ def held_out_split(data, fraction, *, argument="--held-out"):
     held = max(1, int(round(total * fraction)))
     kept = total - held
     if kept < 1:
-        unit = "windows" if isinstance(data, DecoderData) else "sentences"
+        unit = ("window" if isinstance(data, DecoderData) else "sentence") + "s" * (total != 1)
         raise UsageError(
             f"{argument} {fraction:g}: the text gives {total} {unit}, too few to hold some out "
             f"and train on the rest; give more text (or a smaller --seq-len)",
@@ -194,9 +194,14 @@ def _progress_callback_class():
         def __init__(self, bar, tokens_per_step):
             super().__init__()
             self.bar, self.tokens_per_step, self.losses = bar, tokens_per_step, []
+            self._running_mean = 0.0
 
         def on_train_batch_end(self, batch, logs=None):
-            loss = float((logs or {}).get("loss", float("nan")))
+            # Keras logs the mean over the steps so far (batches all weigh the same).
+            mean = float((logs or {}).get("loss", float("nan")))
+            steps = len(self.losses)
+            loss = (steps + 1) * mean - steps * self._running_mean
+            self._running_mean = mean
             self.losses.append(loss)
             if self.bar is not None:
                 self.bar.label = f"uptraining (loss {loss:.4g})"

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from keras_mha.cli import main
-from tests.test_prune_cli import _bpe_tokenizer, _wordpiece_tokenizer
+from tests.conversion.texts import shipped_text
+from tests.test_prune_cli import write_tiny_checkpoints
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,47 +28,25 @@ torch_leg_only = pytest.mark.skipif(
 )
 
 
-def _shipped_text():
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[name] for name in sorted(topics))[:12_000]
-
-
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("convert_cli")
-    text = _shipped_text()
-    (root / "text.txt").write_text(text)
-    torch.manual_seed(0)
-    decoder_tokenizer = _bpe_tokenizer(text)
-    config = transformers.LlamaConfig(
-        vocab_size=decoder_tokenizer.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=8,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(root / "decoder")
-    decoder_tokenizer.save(str(root / "decoder" / "tokenizer.json"))
+    def multi_head_llama(vocab_size):
+        return transformers.LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=8,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
 
-    encoder_tokenizer = _wordpiece_tokenizer(text)
-    config = transformers.BertConfig(
-        vocab_size=encoder_tokenizer.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-    )
-    transformers.BertModel(config).save_pretrained(root / "encoder")
-    encoder_tokenizer.save(str(root / "encoder" / "tokenizer.json"))
-    return {"decoder": root / "decoder", "encoder": root / "encoder", "text": root / "text.txt"}
+    root = tmp_path_factory.mktemp("convert_cli")
+    return write_tiny_checkpoints(root, shipped_text(12_000), multi_head_llama)
 
 
 def _convert_json(capsys, *arguments):

@@ -10,6 +10,7 @@ from keras_mha.commands.prune_data import DecoderData
 from keras_mha.errors import ExportError, PruningError
 from keras_mha.layers import GroupedQueryAttention, MultiQueryAttention
 from keras_mha.pruning import find_attention_layers
+from tests.conversion.texts import shipped_text
 from tests.models_checkpoints import checkpoint
 from tests.test_pruning_models import (
     SEQUENCE_LENGTH,
@@ -127,19 +128,12 @@ def test_bert_converts_in_keras_and_export_says_why_not(tmp_path_factory, tmp_pa
     np.testing.assert_allclose(_numpy(loaded(inputs)), hidden, rtol=1e-5, atol=1e-5)
 
 
-def _shipped_text():
-    """The Python reference's topics (they ship with CPython, in pydoc_data)."""
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[name] for name in sorted(topics))[:24_000]
-
-
 @pytest.fixture(scope="module")
 def shipped_windows():
     """Byte windows of 33 (32 inputs + the next byte) of a shipped text: 90% / 10%."""
     from keras_mha.conversion import held_out_split
 
-    stream = np.frombuffer(_shipped_text().encode(), dtype=np.uint8).astype("int32")
+    stream = np.frombuffer(shipped_text(24_000).encode(), dtype=np.uint8).astype("int32")
     windows = stream[: (len(stream) - 1) // 33 * 33].reshape(-1, 33)
     return held_out_split(DecoderData(windows[:, :-1], windows[:, 1:], windows[:, 1:].size), 0.1)
 
@@ -184,3 +178,23 @@ def test_uptraining_lowers_held_out_loss_after_conversion(shipped_windows):
     assert kl_to_teacher() > 1e-4
     uptrain(model, train, steps=8, learning_rate=1e-2, batch_size=16)
     assert perplexity(model, held_out, 64) < converted
+
+
+@pytest.mark.backend_independent
+def test_uptraining_refusals(shipped_windows, tmp_path_factory):
+    from keras_mha.commands.prune_data import DecoderData
+    from keras_mha.conversion import held_out_split, uptrain
+    from keras_mha.errors import UnsupportedModelError, UsageError
+    from keras_mha.models import from_pretrained
+
+    train, _ = shipped_windows
+    one = DecoderData(train.inputs[:1], train.targets[:1], 32)
+    with pytest.raises(UsageError, match="gives 1 window, too few to hold some out"):
+        held_out_split(one, 0.5)
+    with pytest.raises(UsageError, match=r"--held-out 1.0: expected a fraction"):
+        held_out_split(train, 1.0)
+    encoder = from_pretrained(checkpoint(tmp_path_factory, "bert").directory)
+    with pytest.raises(UnsupportedModelError, match="is an encoder: it has no language-modelling"):
+        uptrain(encoder, train, steps=1)
+    with pytest.raises(UsageError, match="`steps`=0"):
+        uptrain(encoder, train, steps=0)
