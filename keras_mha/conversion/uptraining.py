@@ -286,5 +286,7 @@ def uptrain(
     batches = _batches_class()(data, int(steps), int(batch_size), seed)
     tokens_per_step = int(batches.batch_size * data.num_tokens / max(data.num_examples, 1))
     callback = _progress_callback_class()(progress, tokens_per_step)
-    trainer.fit(batches, epochs=1, verbose=verbose, callbacks=[callback])
+    # shuffle=False: `batches` is shuffled by `seed` already; fit would reorder it with
+    # Python's global `random`, so that two runs would not see the same batches.
+    trainer.fit(batches, epochs=1, shuffle=False, verbose=verbose, callbacks=[callback])
     return callback.losses

@@ -198,3 +198,27 @@ def test_uptraining_refusals(shipped_windows, tmp_path_factory):
         uptrain(encoder, train, steps=1)
     with pytest.raises(UsageError, match="`steps`=0"):
         uptrain(encoder, train, steps=0)
+
+
+@pytest.mark.backend_independent  # the order comes from `seed`, not from the backend
+def test_uptraining_sees_the_same_batches_for_the_same_seed(shipped_windows):
+    from keras_mha.cards.spec import from_config
+    from keras_mha.conversion import uptrain
+    from keras_mha.models import build_model
+
+    train, _ = shipped_windows
+    config = {
+        "model_type": "llama",
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "num_hidden_layers": 1,
+        "intermediate_size": 16,
+        "vocab_size": 256,
+    }
+    start = build_model(from_config(config)).get_weights()
+    runs = []
+    for _ in range(2):
+        model = build_model(from_config(config))
+        model.set_weights(start)
+        runs.append(uptrain(model, train, steps=5, learning_rate=1e-3, batch_size=4, seed=7))
+    assert runs[0] == runs[1]
