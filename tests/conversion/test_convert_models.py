@@ -138,46 +138,68 @@ def shipped_windows():
     return held_out_split(DecoderData(windows[:, :-1], windows[:, 1:], windows[:, 1:].size), 0.1)
 
 
-def test_uptraining_lowers_held_out_loss_after_conversion(shipped_windows):
+TINY_DECODER = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "intermediate_size": 64,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
+}
+
+
+def _tiny_decoder(weights=None):
     from keras_mha.cards.spec import from_config
-    from keras_mha.commands.prune_report import perplexity
-    from keras_mha.conversion import uptrain
     from keras_mha.models import build_model
 
+    model = build_model(from_config(TINY_DECODER))
+    if weights is not None:
+        model.set_weights(weights)
+    return model
+
+
+def test_uptraining_lowers_held_out_loss_after_conversion(shipped_windows):
+    from keras_mha.commands.prune_report import perplexity
+    from keras_mha.conversion import uptrain
+
     train, held_out = shipped_windows
-    config = {
-        "model_type": "llama",
-        "hidden_size": 32,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 1,
-        "intermediate_size": 64,
-        "vocab_size": 256,
-        "max_position_embeddings": 64,
-        "tie_word_embeddings": True,
-    }
     keras.utils.set_random_seed(0)
-    model = build_model(from_config(config))
-    uptrain(model, train, steps=20, learning_rate=1e-2, batch_size=16)  # "pre-training"
-    teacher = build_model(from_config(config))
-    teacher.set_weights(model.get_weights())
-
-    # The distillation loss is the KL divergence to the frozen teacher: 0 while the two
-    # are the same model, positive once conversion moved one of them.
-    from keras_mha.conversion.uptraining import _uptraining_model_class
-
-    inputs = {"token_ids": held_out.inputs, "padding_mask": np.ones_like(held_out.inputs, bool)}
-    distillation = _uptraining_model_class()(model, teacher)
-
-    def kl_to_teacher():
-        return float(distillation.compute_loss(inputs, held_out.targets, distillation(inputs)))
-
-    assert abs(kl_to_teacher()) < 1e-6
+    model = _tiny_decoder()
+    uptrain(model, train, steps=12, learning_rate=1e-2, batch_size=16)  # "pre-training"
     convert_attention(model, 1)
     converted = perplexity(model, held_out, 64)
-    assert kl_to_teacher() > 1e-4
-    uptrain(model, train, steps=8, learning_rate=1e-2, batch_size=16)
+    uptrain(model, train, steps=6, learning_rate=1e-2, batch_size=16)
     assert perplexity(model, held_out, 64) < converted
+
+
+def test_distillation_loss_is_the_kl_divergence_to_the_frozen_original(shipped_windows):
+    from keras_mha.conversion import uptrain
+
+    train, _ = shipped_windows
+    keras.utils.set_random_seed(1)
+    teacher = _tiny_decoder()
+    student = convert_attention(_tiny_decoder(teacher.get_weights()), 1)
+    # One batch holding every example: the first step's loss is on these 8 windows,
+    # before any update; the reference is NumPy's KL(teacher || student) per token.
+    batch = DecoderData(train.inputs[:8], train.targets[:8], 8 * 32)
+    inputs = {"token_ids": batch.inputs, "padding_mask": np.ones_like(batch.inputs, bool)}
+
+    def log_softmax(model):
+        logits = _numpy(model.predict_on_batch(inputs)).astype("float64")
+        logits -= logits.max(axis=-1, keepdims=True)
+        return logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+
+    teacher_log, student_log = log_softmax(teacher), log_softmax(student)
+    expected = np.mean(np.sum(np.exp(teacher_log) * (teacher_log - student_log), axis=-1))
+    losses = uptrain(student, batch, steps=2, learning_rate=1e-3, batch_size=8, teacher=teacher)
+    assert expected > 1e-4
+    np.testing.assert_allclose(losses[0], expected, rtol=1e-4)
+    assert losses[1] < losses[0]
+    # The teacher stayed frozen.
+    np.testing.assert_array_equal(log_softmax(teacher), teacher_log)
 
 
 @pytest.mark.backend_independent
@@ -202,23 +224,12 @@ def test_uptraining_refusals(shipped_windows, tmp_path_factory):
 
 @pytest.mark.backend_independent  # the order comes from `seed`, not from the backend
 def test_uptraining_sees_the_same_batches_for_the_same_seed(shipped_windows):
-    from keras_mha.cards.spec import from_config
     from keras_mha.conversion import uptrain
-    from keras_mha.models import build_model
 
     train, _ = shipped_windows
-    config = {
-        "model_type": "llama",
-        "hidden_size": 16,
-        "num_attention_heads": 2,
-        "num_hidden_layers": 1,
-        "intermediate_size": 16,
-        "vocab_size": 256,
-    }
-    start = build_model(from_config(config)).get_weights()
-    runs = []
-    for _ in range(2):
-        model = build_model(from_config(config))
-        model.set_weights(start)
-        runs.append(uptrain(model, train, steps=5, learning_rate=1e-3, batch_size=4, seed=7))
+    start = _tiny_decoder().get_weights()
+    runs = [
+        uptrain(_tiny_decoder(start), train, steps=5, learning_rate=1e-3, batch_size=4, seed=7)
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
