@@ -174,7 +174,7 @@ def conversions(source: Path, work: Path, runs, common, row) -> list[str]:
     return rows
 
 
-def decoder_table(source: Path, text_file: Path, work: Path, kv_counts, steps: int) -> str:
+def decoder_table(source, text_file, work, kv_counts, steps, seed) -> str:
     """One row per conversion, after a control row: the MHA model itself trained for the
     same steps (8 KV heads: nothing pooled), since uptraining also trains further."""
 
@@ -191,7 +191,7 @@ def decoder_table(source: Path, text_file: Path, work: Path, kv_counts, steps: i
     runs = [(8, "mean"), *((kv_heads, method) for kv_heads in kv_counts for method in METHODS)]
     common = [
         "--data", str(text_file), "--max-tokens", "10000000", "--seq-len", str(SEQ_LEN),
-        "--batch-size", "16", "--steps", str(steps), "--lr", "3e-4",
+        "--batch-size", "16", "--steps", str(steps), "--lr", "3e-4", "--seed", str(seed),
     ]  # fmt: skip
     header = (
         "| KV heads | method | KV cache B/token (of MHA) | MHA perplexity | converted | "
@@ -207,7 +207,7 @@ def minilm_directory() -> Path:
     return Path(package.submodule_search_locations[0]) / "model"
 
 
-def minilm_table(text_file: Path, work: Path, kv_counts, steps: int, max_tokens: int) -> str:
+def minilm_table(text_file, work, kv_counts, steps, max_tokens, seed) -> str:
     def row(kv_heads, method, report):
         quality, parameters = report["quality"], report["parameters"]
         return (
@@ -219,6 +219,7 @@ def minilm_table(text_file: Path, work: Path, kv_counts, steps: int, max_tokens:
     common = [
         "--data", str(text_file), "--max-tokens", str(max_tokens), "--seq-len", "64",
         "--batch-size", "16", "--steps", str(steps), "--lr", "1e-4", "--distill",
+        "--seed", str(seed),
     ]  # fmt: skip
     header = (
         "| KV heads | method | parameters | cosine converted | "
@@ -238,6 +239,7 @@ def main(argv=None):
     )
     parser.add_argument("--uptraining-steps", type=int, help="default: 5%% of pre-training")
     parser.add_argument("--minilm-steps", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0, help="of the uptraining batches")
     parser.add_argument("--skip-decoder", action="store_true")
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--fast", action="store_true", help="smoke test: a sixth of the text")
@@ -261,10 +263,10 @@ def main(argv=None):
             steps = steps or max(1, round(UPTRAINING_SHARE * pretraining))
         elif steps is None:
             parser.error("--decoder-source needs --uptraining-steps")
-        tables.append(decoder_table(source, text_file, work, (4, 2, 1), steps))
+        tables.append(decoder_table(source, text_file, work, (4, 2, 1), steps, arguments.seed))
     if not arguments.skip_minilm:
         tables.append(
-            minilm_table(text_file, work, (4, 1), arguments.minilm_steps, max_tokens=24000)
+            minilm_table(text_file, work, (4, 1), arguments.minilm_steps, 24000, arguments.seed)
         )
     print("\n\n".join(tables))
 
