@@ -7,9 +7,15 @@ first used, so that `keras-mha inspect` starts in a fraction of a second.
 Example:
     >>> import keras_mha
     >>> layer = keras_mha.GroupedQueryAttention(num_heads=8, num_key_value_heads=2)
+    >>> keras_mha.plan("bundled:meta-llama/Meta-Llama-3-8B", gpu="L4").serving_fits
+    True
 """
 
-__version__ = "0.2.0"
+from keras_mha import moved_paths
+from keras_mha.version import __version__
+
+# The module paths that moved in 0.3 keep importing, with a DeprecationWarning.
+moved_paths.install()
 
 # Names resolved lazily (PEP 562) so `import keras_mha` never imports keras.
 _LAZY_LAYER_EXPORTS = (
@@ -20,6 +26,9 @@ _LAZY_LAYER_EXPORTS = (
 )
 
 
+# The memory planner (pure Python: never imports keras).
+_LAZY_PLAN_EXPORTS = ("Plan", "plan")
+
 # Model-level functions, by the module that holds them (imported on first use too).
 _LAZY_FUNCTION_EXPORTS = {"convert_attention": "keras_mha.conversion.convert"}
 
@@ -29,6 +38,10 @@ def __getattr__(name):
         from keras_mha import layers
 
         return getattr(layers, name)
+    if name in _LAZY_PLAN_EXPORTS:
+        from keras_mha.cards import plan
+
+        return getattr(plan, name)
     if name in _LAZY_FUNCTION_EXPORTS:
         import importlib
 
@@ -37,7 +50,12 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY_LAYER_EXPORTS) + list(_LAZY_FUNCTION_EXPORTS))
+    return sorted(
+        list(globals())
+        + list(_LAZY_LAYER_EXPORTS)
+        + list(_LAZY_PLAN_EXPORTS)
+        + list(_LAZY_FUNCTION_EXPORTS)
+    )
 
 
-__all__ = ["__version__", *_LAZY_LAYER_EXPORTS, *_LAZY_FUNCTION_EXPORTS]
+__all__ = ["__version__", *_LAZY_LAYER_EXPORTS, *_LAZY_PLAN_EXPORTS, *_LAZY_FUNCTION_EXPORTS]

@@ -57,12 +57,6 @@ Example:
 
 from __future__ import annotations
 
-# `typing` costs ~5 ms to import, a tenth of `inspect`'s budget; `Any` only annotates.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-
 #: Exit code of an exception keras-mha did not expect (BSD sysexits' EX_SOFTWARE).
 INTERNAL_ERROR_EXIT_CODE = 70
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
@@ -93,7 +87,7 @@ class KerasMHAError(Exception):
         revision: str | None = None,
         path: str | None = None,
         key: str | None = None,
-        value: Any = None,
+        value: object = None,
     ) -> None:
         super().__init__(message)
         self.message = message

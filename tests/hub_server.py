@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -169,6 +170,7 @@ class FakeHub:
 
     def answer(self, method: str, path: str, headers: dict[str, str]):
         """(status, headers, body) for one request; the body is dropped for HEAD."""
+        request = headers
         self.requests.append(RecordedRequest(method, path, headers))
         if self.delay_seconds:
             self._stopping.wait(self.delay_seconds)
@@ -221,7 +223,7 @@ class FakeHub:
         if self.hostile is None or (
             self.hostile.only_files and filename not in self.hostile.only_files
         ):
-            return 200, headers, content
+            return _ranged(headers, content, request.get("range"))
         return self._misbehave(path, headers, content)
 
     def _misbehave(self, path: str, headers: dict[str, str], content: bytes):
@@ -275,6 +277,18 @@ class FakeHub:
             if commit_hash(repo_id, name) == revision:
                 return name, revision
         return None
+
+
+def _ranged(headers: dict[str, str], content: bytes, requested: str | None):
+    """200 with the whole file, or 206 with `Range: bytes=A-B` of it, as the Hub's CDN."""
+    match = re.fullmatch(r"bytes=(\d+)-(\d+)", requested or "")
+    if match is None:
+        return 200, headers, content
+    start, end = int(match.group(1)), min(int(match.group(2)), len(content) - 1)
+    part = content[start : end + 1]
+    headers = {**headers, "Content-Length": str(len(part))}
+    headers["Content-Range"] = f"bytes {start}-{end}/{len(content)}"
+    return 206, headers, part
 
 
 def _huge_body(size: int, chunk: int = 1 << 20) -> Iterator[bytes]:

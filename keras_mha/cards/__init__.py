@@ -1,15 +1,23 @@
-"""Model cards: read a Hub `config.json`, normalise it, and report parameter and KV-cache costs.
+"""Model cards: a Hub `config.json` read into a `ModelSpec`, its parameter and KV-cache
+costs, the memory planner and the reports.
 
-Nothing here imports keras, a backend or `huggingface_hub` at import time:
-`huggingface_hub` is imported only when a Hub model id has to be fetched.
+- `from_config(config)`: the config, validated once, as a `ModelSpec` (`spec.py`).
+- `parameter_counts(spec)`, `kv_cache_cost(spec, seq_len, ...)`: the cost model (`costs.py`).
+- `planner/`: weights, serving and training memory, the GPU table, what fits.
+- `rendering/`: the report as a table, JSON or markdown.
+
+The config itself comes from `keras_mha.hub.load_config` (the Hub, a local path or a
+bundled card). Nothing here imports keras, a backend or `huggingface_hub`.
 
 Example:
-    >>> from keras_mha.cards import load_config
-    >>> load_config("bundled:meta-llama/Meta-Llama-3-8B").source
-    'bundled'
+    >>> from keras_mha.cards import from_config, kv_cache_cost
+    >>> from keras_mha.hub import load_config
+    >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
+    >>> kv_cache_cost(spec, seq_len=8192).total_bytes
+    1073741824
 """
 
-from keras_mha.cards.bundled import bundled_config_path, list_bundled
+from keras_mha import moved_paths
 from keras_mha.cards.costs import KVCacheCost, ParameterCounts, kv_cache_cost, parameter_counts
 from keras_mha.cards.errors import (
     CardError,
@@ -21,7 +29,6 @@ from keras_mha.cards.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from keras_mha.cards.hub import LoadedConfig, load_config
 from keras_mha.cards.spec import ModelSpec, from_config
 
 __all__ = [
@@ -31,17 +38,13 @@ __all__ = [
     "GatedRepositoryError",
     "HubUnreachableError",
     "KVCacheCost",
-    "LoadedConfig",
     "MalformedConfigError",
     "ModelSpec",
     "ParameterCounts",
     "RepositoryNotFoundError",
     "RevisionNotFoundError",
-    "bundled_config_path",
     "from_config",
     "kv_cache_cost",
-    "list_bundled",
-    "load_config",
     "parameter_counts",
 ]
 
@@ -58,4 +61,5 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(_LAZY_REBUILD_NAMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # load_config, LoadedConfig, bundled_config_path, list_bundled: now in keras_mha.hub.
+    return moved_paths.moved_attribute(__name__, name)

@@ -41,11 +41,6 @@ from collections.abc import Mapping, Sequence
 
 from keras_mha.errors import ConfigError
 
-# `typing` costs ~5 ms to import, a tenth of `inspect`'s budget; `Any` only annotates.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
 #: Quantity -> (smallest, largest) integer accepted. Generous for any real model (the
 #: largest published configs are 10 to 100 times below each bound), small enough that
 #: a typo or a hostile config cannot make the cost model allocate or loop without end.
@@ -94,7 +89,7 @@ class _ShortRepr(reprlib.Repr):
 _SHORT_REPR = _ShortRepr()
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """The repr of `value` for a one-line message, cut to `SHOWN_CHARACTERS` characters.
 
     Example:
@@ -113,7 +108,7 @@ def shown(value: Any) -> str:
     return text
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return {
         bool: "bool",
         str: "string",
@@ -124,7 +119,7 @@ def _type_name(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def copy_json_config(config: Any) -> dict:
+def copy_json_config(config: object) -> dict:
     """A copy of `config` as plain dicts and lists, after checking it is a JSON object of
     bounded depth.
 
@@ -145,7 +140,7 @@ def copy_json_config(config: Any) -> dict:
             value=config,
         )
     copied: dict = {}
-    stack: list[tuple[Any, Any, str, int]] = [(config, copied, "", 1)]
+    stack: list[tuple[Mapping | list | tuple, dict | list, str, int]] = [(config, copied, "", 1)]
     while stack:
         source, target, path, depth = stack.pop()
         if depth > MAX_NESTING_DEPTH:
@@ -165,7 +160,7 @@ def copy_json_config(config: Any) -> dict:
                 )
             child_path = (f"{path}.{key}" if path else key) if is_object else f"{path}[{key}]"
             if isinstance(value, Mapping):
-                child: Any = {}
+                child: object = {}
                 stack.append((value, child, child_path, depth + 1))
             elif isinstance(value, list | tuple):
                 child = []
@@ -225,7 +220,7 @@ class ConfigReader:
 
     # -- errors -------------------------------------------------------------------------------
 
-    def error(self, key: str, value: Any, expected: str) -> ConfigError:
+    def error(self, key: str, value: object, expected: str) -> ConfigError:
         """A `ConfigError`: "<key>=<value> <expected> (config.json, model_type '<type>')"."""
         qualified = key if key.startswith(self.where) else f"{self.where}{key}"
         family = f", model_type {self.model_type!r}" if self.model_type else ""
@@ -235,7 +230,7 @@ class ConfigReader:
             value=value,
         )
 
-    def require(self, condition: bool, key: str, value: Any, expected: str) -> None:
+    def require(self, condition: bool, key: str, value: object, expected: str) -> None:
         """Raise `error(key, value, expected)` unless `condition` holds."""
         if not condition:
             raise self.error(key, value, expected)
@@ -248,7 +243,7 @@ class ConfigReader:
 
     def lookup(
         self, keys: Sequence[str] | str, *, shape: bool = False, nullable: bool = False
-    ) -> tuple[str | None, Any]:
+    ) -> tuple[str | None, object]:
         """(key, value) of the first key holding a non-null value, config first, defaults next.
 
         With `shape=True` a value taken from the defaults is noted (it decides the model's
@@ -286,13 +281,13 @@ class ConfigReader:
         keys: Sequence[str] | str,
         quantity: str,
         *,
-        default: Any = ConfigError,
+        default: int | None | type[ConfigError] = ConfigError,
         name: str | None = None,
         low: int | None = None,
         high: int | None = None,
         shape: bool = False,
         nullable: bool = False,
-    ) -> Any:
+    ) -> int | None:
         """The first of `keys` present, as an integer in the range of `quantity`.
 
         Args:
@@ -315,7 +310,7 @@ class ConfigReader:
     def check_integer(
         self,
         key: str,
-        value: Any,
+        value: object,
         quantity: str,
         *,
         name: str | None = None,
@@ -341,8 +336,8 @@ class ConfigReader:
         return value
 
     def number(
-        self, keys: Sequence[str] | str, kind: str = "positive", *, default: Any = None
-    ) -> Any:
+        self, keys: Sequence[str] | str, kind: str = "positive", *, default: float | None = None
+    ) -> float | None:
         """The first of `keys` present, as a finite float of `kind` (see `NUMBER_RANGES`);
         an explicit null gives `default`."""
         key, value = self.lookup(keys, nullable=True)
@@ -350,7 +345,7 @@ class ConfigReader:
             return default
         return self.check_number(key, value, kind)
 
-    def check_number(self, key: str, value: Any, kind: str = "positive") -> float:
+    def check_number(self, key: str, value: object, kind: str = "positive") -> float:
         """`value` (read from `key`) checked as a finite float of `kind`."""
         low, high, low_included = NUMBER_RANGES[kind]
         shown_range = f"{'[' if low_included else '('}{low:g}, {high:g}]"
@@ -368,7 +363,7 @@ class ConfigReader:
             raise self.error(key, value, f"must be in {shown_range}")
         return number
 
-    def flag(self, key: str, default: Any = False) -> Any:
+    def flag(self, key: str, default: bool | None = False) -> bool | None:
         """`key` as a boolean; absent or null gives the family default, else `default`."""
         if self.config.get(key) is not None:
             value = self.config[key]

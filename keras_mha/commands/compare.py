@@ -22,7 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
 from keras_mha.commands import options
+from keras_mha.commands.output import write_stdout
+from keras_mha.commands.terminal import report_width, write_report
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 PLOT_FORMATS = (".png", ".svg", ".pdf")
@@ -64,18 +67,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=options.seq_len_type,
         default=DEFAULT_SEQ_LEN,
         metavar="N",
-        help=f"context length for the memory figures, e.g. 8k or 1m (default {DEFAULT_SEQ_LEN})",
+        help="tokens per sequence (the context) for the memory figures, e.g. 8k or 1m "
+        f"(default {DEFAULT_SEQ_LEN})",
     )
-    parser.add_argument(
-        "--batch", type=options.positive_int_type("--batch"), default=1, help="batch size"
+    options.add_batch_argument(
+        parser, default=1, help_text="sequences served at once (default 1; also --batch-size)"
     )
-    parser.add_argument(
-        "--kv-dtype",
-        type=options.dtype_type("--kv-dtype"),
-        default="bfloat16",
-        metavar="DTYPE",
-        help="KV-cache element type (default bfloat16; aliases bf16, fp8, ...)",
-    )
+    options.add_kv_dtype_argument(parser)
     options.add_memory_arguments(parser)
     parser.add_argument("--format", default="table", choices=OUTPUT_FORMATS)
     parser.add_argument(
@@ -96,15 +94,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="longest context on the plot (default: the longest context length of the "
         "models, at least --seq-len)",
     )
-    parser.add_argument("--offline", action="store_true", help="never touch the network")
-    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
-    parser.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT)")
-    parser.add_argument(
-        "--timeout",
-        type=options.seconds_type,
-        default=10.0,
-        help="seconds to wait for the Hub per model (default 10)",
-    )
+    options.add_hub_arguments(parser, revision=False)
     parser.set_defaults(run=run)
     return parser
 
@@ -120,13 +110,15 @@ def run(arguments: argparse.Namespace) -> int:
         >>> run(arguments)  # doctest: +SKIP
         0
     """
-    from keras_mha.cli import write_stdout
-
     comparison = build_comparison(arguments)
     if arguments.plot:
         plot_comparison(comparison, arguments.plot, total=arguments.plot_total,
                         max_seq_len=arguments.plot_max_seq_len)  # fmt: skip
-    write_stdout(render(comparison, arguments.format))
+    if arguments.format == "table":
+        width = report_width(wide=arguments.wide)
+        write_report(render(comparison, arguments.format, width))
+    else:
+        write_stdout(render(comparison, arguments.format))
     if arguments.plot:
         sys.stderr.write(f"saved {_terminal(arguments.plot)}\n")
     return 0
@@ -168,10 +160,10 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
     """
     import warnings
 
-    from keras_mha.cards import report as reports
-    from keras_mha.cards.hub import load_config
+    from keras_mha.cards.rendering import report as reports
     from keras_mha.cards.spec import from_config
     from keras_mha.errors import KerasMHAError
+    from keras_mha.hub.config import load_config
 
     _check_arguments(arguments)
     request = options.memory_request(arguments)
@@ -203,13 +195,17 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
         # `inspect`: the CLI reports it as an internal error (exit 70), not as the config's fault.
         models.append(report)
         specs.append(spec)
+    devices = request.device_set()
     return {
         "batch": arguments.batch,
         "seq_len": arguments.seq_len,
         "kv_dtype": arguments.kv_dtype,
         "weights_dtype": request.weights_dtype,
-        "memory_bytes": request.memory_bytes,
-        "gpu": request.gpu.name if request.gpu else None,
+        "memory_bytes": devices.usable_memory_bytes if devices else None,
+        "gpu": devices.gpu.name if devices and devices.gpu else None,
+        "devices": devices.as_dict() if devices else None,
+        "sources": [report["source"] for report in models],
+        "source_notes": [report.get("source_note") for report in models],
         "models": models,
         "_specs": specs,
         "_request": request,
@@ -220,8 +216,6 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
 
 
 def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
-    from keras_mha.cards.report import format_bytes, format_count
-
     reports = comparison["models"]
 
     def each(function) -> list[str]:
@@ -241,36 +235,51 @@ def _rows(comparison: dict) -> list[tuple[str, list[str]]]:
         entry = report["kv_cache"]
         return format_bytes(entry[key]) if entry.get("applicable", True) else "none"
 
+    def weights(report: dict) -> str:
+        serving = report["memory"]["serving"]
+        return f"{format_bytes(serving['weights_bytes'])} ({serving['weights_dtype']})"
+
     seq_len, batch = comparison["seq_len"], comparison["batch"]
-    rows = [
+    rows = []
+    if comparison["memory_bytes"] is not None:
+        rows.append(("serving fits", each(lambda r: _serving_fits(r["fits"]))))
+    rows += [
         ("attention", each(lambda r: r["attention"]["kind"])),
         ("query heads", each(lambda r: str(r["attention"]["num_attention_heads"]))),
         ("KV heads", each(lambda r: str(r["attention"]["num_key_value_heads"]))),
         ("head dim", each(lambda r: str(r["attention"]["head_dim"]))),
         ("attention layers", each(layers)),
         ("parameters", each(lambda r: format_count(r["parameters"]["total"]))),
-        ("context length", each(lambda r: _thousands(r.get("context_length")))),
+        ("context length", each(lambda r: format_thousands(r.get("context_length")))),
         ("KV per token", each(lambda r: kv(r, "bytes_per_token"))),
         (f"KV next token at {seq_len:,}", each(lambda r: kv(r, "marginal_bytes_per_token"))),
         (f"KV cache at {seq_len:,} x {batch}", each(lambda r: kv(r, "total_bytes"))),
-        (
-            f"weights ({comparison['weights_dtype']})",
-            each(lambda r: format_bytes(r["memory"]["serving"]["weights_bytes"])),
-        ),
+        ("weights", each(weights)),
         ("serving memory", each(lambda r: format_bytes(r["memory"]["serving_bytes"]))),
         ("training memory", each(lambda r: format_bytes(r["memory"]["training_bytes"]))),
     ]
     if comparison["memory_bytes"] is not None:
         rows += [
+            ("serving per device", each(lambda r: format_bytes(r["fits"]["serving_bytes"]))),
             (f"max context at batch {batch}", each(lambda r: _length(r["fits"]))),
             (f"max batch at {seq_len:,}", each(lambda r: _batch(r["fits"]["max_batch"]))),
             ("training fits", each(lambda r: _yes_no(r["fits"]))),
         ]
+    if any(report.get("speed_bounds") for report in comparison["models"]):
+        rows.append(("decode at most", each(lambda r: _decode_bound(r.get("speed_bounds")))))
     return rows
 
 
-def _thousands(value) -> str:
-    return f"{value:,}" if isinstance(value, int) else "-"
+def _serving_fits(fits: dict) -> str:
+    if fits["serving_fits"]:
+        return "yes"
+    return "no (weights)" if not fits["weights_fit"] else "no"
+
+
+def _decode_bound(bounds) -> str:
+    if not bounds:
+        return "-"
+    return f"{bounds['decode_tokens_per_s']:,.0f} tok/s"
 
 
 def _length(fits: dict) -> str:
@@ -293,80 +302,147 @@ def _yes_no(fits: dict) -> str:
     return "with checkpointing" if fits["training_fits_checkpointed"] else "no"
 
 
+def _source_notes(reports: list[dict]) -> list[str]:
+    """Why a source answered (e.g. offline: the bundled snapshot), once per distinct note,
+    naming the models it applies to when not all of them."""
+    by_note: dict[str, list[str]] = {}
+    for report in reports:
+        if report.get("source_note"):
+            by_note.setdefault(report["source_note"], []).append(report["model"])
+    return [
+        note if len(models) == len(reports) else f"{', '.join(models)}: {note}"
+        for note, models in by_note.items()
+    ]
+
+
 def _title(comparison: dict) -> str:
+    weights = comparison["weights_dtype"] or "each checkpoint's own format"
     title = (
-        f"batch {comparison['batch']}, context {comparison['seq_len']:,}, "
-        f"KV cache {comparison['kv_dtype']}, weights {comparison['weights_dtype']}"
+        f"compared at batch {comparison['batch']}, context {comparison['seq_len']:,}, "
+        f"KV cache {comparison['kv_dtype']}, weights {weights}"
     )
     if comparison["memory_bytes"] is not None:
-        from keras_mha.cards.report import format_bytes
-
-        where = comparison["gpu"] or "--memory"
-        title += f"; fits in {where} ({format_bytes(comparison['memory_bytes'])})"
+        fitting = sum(report["fits"]["serving_fits"] for report in comparison["models"])
+        devices = comparison.get("devices") or {}
+        where = devices.get("name") or comparison["gpu"] or "--memory"
+        title += (
+            f"; on {where} ({format_bytes(comparison['memory_bytes'])} usable per device): "
+            f"{fitting} of {len(comparison['models'])} models fit for serving"
+        )
     return title
 
 
-def render(comparison: dict, output_format: str) -> str:
-    """The comparison as an aligned table, JSON or markdown.
+def _column_groups(names, rows, label_width: int, width: int) -> list[list[int]]:
+    """Model columns in groups that fit `width` beside the labels (one group when wide)."""
+    widths = [
+        max(len(name), *(len(values[index]) for _, values in rows))
+        for index, name in enumerate(names)
+    ]
+    groups, current, used = [], [], label_width
+    for index, column in enumerate(widths):
+        if current and used + 2 + column > width:
+            groups.append(current)
+            current, used = [], label_width
+        current.append(index)
+        used += 2 + column
+    return groups + [current] if current else groups
+
+
+def _short_names(reports: list[dict], escape) -> list[str]:
+    """Model names for column headings: the part after the organisation when the full
+    names would not fit and the short ones stay distinct."""
+    full = [escape(report["model"]) for report in reports]
+    short = [name.rsplit("/", 1)[-1] for name in full]
+    return short if len(set(short)) == len(short) else full
+
+
+def render(comparison: dict, output_format: str, width: int = 80) -> str:
+    """The comparison as an aligned table (within `width` columns: the models are laid out
+    in as many column groups as needed), JSON or markdown.
 
     Example:
         >>> render({"batch": 1, "seq_len": 8, "kv_dtype": "int8", "models": []}, "json")
         '{\\n  "batch": 1,\\n  "seq_len": 8,\\n  "kv_dtype": "int8",\\n  "models": []\\n}'
     """
+    from keras_mha.cards.rendering.text import UNLIMITED, wrap, wrap_markdown
+
     if output_format == "json":
         import json
 
         public = {key: value for key, value in comparison.items() if not key.startswith("_")}
         return json.dumps(public, indent=2, allow_nan=False)
     escape = _markdown if output_format == "markdown" else _terminal
-    names = [escape(report["model"]) for report in comparison["models"]]
-    rows = _rows(comparison)
+    # Every cell escaped: values can quote a config (a format name, a model id).
+    rows = [(label, [escape(value) for value in values]) for label, values in _rows(comparison)]
     beyond_context = any(value.endswith("(!)") for _, values in rows for value in values)
     warnings = [
         (report["model"], warning)
         for report in comparison["models"]
         for warning in report.get("warnings", [])
     ]
+    verdicts = [
+        (report["model"], report["fits"]["verdict"])
+        for report in comparison["models"]
+        if report.get("fits")
+    ]
+    notes = _source_notes(comparison["models"])
     if output_format == "markdown":
-        lines = [f"**Compared at** {_title(comparison)}.", ""]
+        names = [escape(report["model"]) for report in comparison["models"]]
+        lines = [f"**{_title(comparison)[0].upper()}{_title(comparison)[1:]}.**", ""]
+        lines += [f"> Note: {_markdown(note)}" for note in notes] + ([""] if notes else [])
         lines.append("| | " + " | ".join(names) + " |")
         lines.append("|---|" + "---:|" * len(names))
         lines += [f"| {label} | " + " | ".join(values) + " |" for label, values in rows]
+        if verdicts:
+            lines += [""] + [f"- {_markdown(model)}: {_markdown(text)}" for model, text in verdicts]
         if beyond_context:
             lines += ["", f"(!) {BEYOND_CONTEXT}"]
         if warnings:
             lines += ["", "**Warnings**", ""]
             lines += [f"- {_markdown(model)}: {_markdown(text)}" for model, text in warnings]
-        return "\n".join(lines) + "\n"
+        return "\n".join(wrap_markdown(lines)) + "\n"
+    names = [escape(report["model"]) for report in comparison["models"]]
     label_width = max(len(label) for label, _ in rows)
-    widths = [
-        max(len(name), *(len(values[index]) for _, values in rows))
-        for index, name in enumerate(names)
-    ]
-    lines = [_title(comparison), ""]
-    lines.append(
-        " " * label_width + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths, strict=True))
-    )
-    for label, values in rows:
-        cells = "  ".join(value.rjust(w) for value, w in zip(values, widths, strict=True))
-        lines.append(f"{label:<{label_width}}  {cells}")
+    if width < UNLIMITED:
+        full_width = label_width + sum(
+            2 + max(len(name), *(len(values[i]) for _, values in rows))
+            for i, name in enumerate(names)
+        )
+        if full_width > width:
+            names = _short_names(comparison["models"], escape)
+    lines = wrap(_title(comparison), width, "", "  ")
+    for note in notes:
+        lines += wrap(f"note: {_terminal(note)}", width, "", "  ")
+    for group in _column_groups(names, rows, label_width, width):
+        widths = [max(len(names[i]), *(len(values[i]) for _, values in rows)) for i in group]
+        lines.append("")
+        heading = "  ".join(names[i].rjust(w) for i, w in zip(group, widths, strict=True))
+        lines.append(" " * label_width + "  " + heading)
+        for label, values in rows:
+            cells = "  ".join(values[i].rjust(w) for i, w in zip(group, widths, strict=True))
+            lines.append(f"{label:<{label_width}}  {cells}")
+    if verdicts:
+        lines.append("")
+        for model, text in verdicts:
+            lines += wrap(f"{_terminal(model)}: {_terminal(text)}", width, "", "  ")
     if beyond_context:
-        lines += ["", f"(!) {BEYOND_CONTEXT}"]
+        lines += [""] + wrap(f"(!) {BEYOND_CONTEXT}", width, "", "    ")
     if warnings:
         lines += ["", "warnings"]
-        lines += [f"  - {_terminal(model)}: {_terminal(text)}" for model, text in warnings]
+        for model, text in warnings:
+            lines += wrap(f"{_terminal(model)}: {_terminal(text)}", width, "  - ", "    ")
     return "\n".join(lines)
 
 
 def _terminal(text) -> str:
     # Model ids and paths come from the command line or a Hub answer: shown, never obeyed.
-    from keras_mha.cards.report import terminal_text
+    from keras_mha.cards.rendering.report import terminal_text
 
     return terminal_text(text)
 
 
 def _markdown(text) -> str:
-    from keras_mha.cards.report import markdown_text
+    from keras_mha.cards.rendering.report import markdown_text
 
     return markdown_text(text)
 
@@ -405,7 +481,8 @@ def plot_series(comparison: dict, *, total: bool, max_seq_len: int | None) -> di
         ([1024, 2048, 4096], 37748736)
     """
     from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.memory import serving_bytes_function
+    from keras_mha.cards.planner.memory import serving_bytes_function
+    from keras_mha.cards.rendering.memory_report import plan_format
 
     reports, specs = comparison["models"], comparison["_specs"]
     if max_seq_len is None:
@@ -417,7 +494,7 @@ def plot_series(comparison: dict, *, total: bool, max_seq_len: int | None) -> di
     for report, spec in zip(reports, specs, strict=True):
         if total:
             serving = serving_bytes_function(
-                spec, weights_dtype=request.weights_dtype, kv_dtype=comparison["kv_dtype"],
+                spec, weights_format=plan_format(spec, request), kv_dtype=comparison["kv_dtype"],
                 prefill_chunk=request.prefill_chunk,
             )  # fmt: skip
             sizes = [serving(batch, seq_len) for seq_len in seq_lens]

@@ -29,11 +29,12 @@ import argparse
 import json
 import math
 import time
-from pathlib import Path
 
 from keras_mha.commands.options import (
     add_checkpoint_arguments,
     check_checkpoint_arguments,
+    fit_text_batching_to_model,
+    load_checkpoint,
     positive_int_type,
 )
 from keras_mha.errors import PruningError, UsageError
@@ -190,16 +191,10 @@ def _uptrain(model, kind, train, arguments, progress_enabled):
     """`(uptraining entry, seconds)`."""
     from keras_mha.commands.progress import ProgressBar
     from keras_mha.conversion.uptraining import uptrain
-    from keras_mha.models import export as exporting
 
     teacher, teacher_bytes = None, 0
     if arguments.distill:
-        teacher = exporting.load_for_pruning(
-            arguments.source,
-            dtype=arguments.dtype,
-            revision=arguments.revision,
-            token=arguments.token,
-        )
+        teacher = load_checkpoint(arguments, arguments.source)
         teacher_bytes = _weight_bytes(teacher)
     started = time.perf_counter()
     batch_size = min(arguments.batch_size, train.num_examples)
@@ -247,30 +242,18 @@ def _weight_bytes(model):
 
 def _export(model, arguments):
     from keras_mha.models import export as exporting
-    from keras_mha.models.export_files import output_folder
 
-    source = Path(arguments.source)
     refusal = exporting.grouped_query_refusal(model)
-    if refusal is None:
-        result = exporting.save_pretrained(
-            model,
-            arguments.out,
-            max_shard_size=arguments.max_shard_size,
-            overwrite=arguments.overwrite,
-        )
-        return {"format": "hub", **result.as_dict()}
-    with output_folder(
-        arguments.out, overwrite=arguments.overwrite, source=source if source.is_dir() else None
-    ) as staging:
-        model.save(staging / "model.keras")
-    out = Path(arguments.out)
-    return {
-        "format": "keras",
-        "path": str(out),
-        "files": ["model.keras"],
-        "bytes": (out / "model.keras").stat().st_size,
-        "reason": refusal,
-    }
+    if refusal is not None:
+        saved = exporting.save_keras(model, arguments.out, overwrite=arguments.overwrite)
+        return {**saved, "reason": refusal}
+    result = exporting.save_pretrained(
+        model,
+        arguments.out,
+        max_shard_size=arguments.max_shard_size,
+        overwrite=arguments.overwrite,
+    )
+    return {"format": "hub", **result.as_dict()}
 
 
 def run(arguments) -> int:
@@ -292,10 +275,9 @@ def run(arguments) -> int:
     from keras_mha.conversion.uptraining import held_out_split
     from keras_mha.models import export as exporting
 
-    model = exporting.load_for_pruning(
-        arguments.source, dtype=arguments.dtype, revision=arguments.revision, token=arguments.token
-    )
+    model = load_checkpoint(arguments, arguments.source)
     kind = exporting.model_kind(model)
+    fit_text_batching_to_model(model, arguments)
     layers = _check_model(model, kind, arguments)
     first_layer = next(iter(layers.values()))
     kv_before = first_layer.num_key_value_heads
@@ -380,7 +362,7 @@ def run(arguments) -> int:
         },
         "export": export,
     }
-    from keras_mha.cli import write_stdout
+    from keras_mha.commands.output import write_stdout
 
     if arguments.format == "json":
         write_stdout(json.dumps(report, indent=2, allow_nan=False))

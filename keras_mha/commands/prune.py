@@ -38,6 +38,8 @@ from pathlib import Path
 from keras_mha.commands.options import (
     add_checkpoint_arguments,
     check_checkpoint_arguments,
+    fit_text_batching_to_model,
+    load_checkpoint,
     positive_int_type,
 )
 from keras_mha.errors import ExportError, PruningError, UsageError
@@ -137,7 +139,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
-    from keras_mha.models.export_files import check_output_file
+    from keras_mha.models.export_files import check_not_in_source, check_output_file
 
     if arguments.method not in METHODS:
         raise UsageError(
@@ -152,9 +154,12 @@ def _check_arguments(arguments):
             "or use --method magnitude, which needs none",
             key="--data",
         )
-    check_checkpoint_arguments(arguments)
+    sources = check_checkpoint_arguments(arguments)
     if arguments.heatmap:
         check_output_file(arguments.heatmap, suffix=".png", argument="--heatmap")
+        check_not_in_source(
+            arguments.heatmap, sources, argument="--heatmap", shown=arguments.heatmap
+        )
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
@@ -173,10 +178,11 @@ def _prune_target(target, layers, uniform):
         return target, "per_layer"
     if target % len(layers):
         lower = (target // len(layers)) * len(layers)
+        nearest = [count for count in (lower, lower + len(layers)) if count > 0]
         raise PruningError(
             f"--target {target}: with --uniform every one of the {len(layers)} attention layers "
             f"loses the same number of heads, so the count must be a multiple of {len(layers)} "
-            f"(e.g. {max(lower, len(layers))} or {lower + len(layers)}); or pass a fraction",
+            f"(e.g. {' or '.join(map(str, nearest))}); or pass a fraction",
             key="--target",
             value=target,
         )
@@ -212,6 +218,25 @@ def _choose_heads(model, scores, arguments):
             key="--target",
         )
     return chosen
+
+
+def _requested_heads(target, heads_total: int) -> float:
+    """Heads the target asks for: a fraction of all heads, or a count."""
+    return target * heads_total if isinstance(target, float) else float(target)
+
+
+def _rounding(arguments, removed: int, total: int) -> str | None:
+    """How the target was rounded to what the layers can lose, or None when it was not."""
+    asked = _requested_heads(arguments.target, total)
+    if removed == asked:
+        return None
+    unit = "whole KV groups" if arguments.policy == "group" else "one query head per KV group"
+    where = " in every layer alike (--uniform)" if arguments.uniform else ""
+    return (
+        f"--target {_shown_target(arguments.target)} asks for {asked:g} of {total} heads; "
+        f"{removed} ({removed / total:.1%}) removed: heads go in {unit}{where}, at least one "
+        "kept per layer"
+    )
 
 
 def _uniform_scores(model):
@@ -314,6 +339,23 @@ def _load_data(arguments, directory, kind):
 
     if arguments.data is None:
         return None
+    tokenizer = prune_data.load_tokenizer(directory)
+    text = prune_data.read_text(
+        arguments.data, max_characters=prune_data.characters_to_read(arguments.max_tokens)
+    )
+    return scoring_data(tokenizer, text, kind, arguments)
+
+
+def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
+    """`DecoderData` windows or `EncoderData` sentences of `text` to score heads on.
+
+    `arguments` holds `method`, `seq_len`, `max_tokens` and `batch_size` (as parsed).
+
+    Example:
+        >>> data = scoring_data(tokenizer, text, "decoder", arguments)  # doctest: +SKIP
+    """
+    from keras_mha.commands import prune_data
+
     if kind == "encoder" and arguments.method != "magnitude" and arguments.batch_size < 2:
         # The encoder loss ranks each sentence against the others in its batch: alone
         # in a batch, a sentence's loss is exactly 0 and would score nothing.
@@ -323,13 +365,10 @@ def _load_data(arguments, directory, kind):
             key="--batch-size",
             value=arguments.batch_size,
         )
-    return prune_data.load_examples(
-        directory,
-        arguments.data,
-        kind=kind,
-        seq_len=arguments.seq_len,
-        max_tokens=arguments.max_tokens,
-    )
+    return prune_data.examples_of_text(
+        tokenizer, text, kind=kind, seq_len=arguments.seq_len,
+        max_tokens=arguments.max_tokens, argument=argument,
+    )  # fmt: skip
 
 
 def _latency_inputs(data, kind, arguments, vocabulary_size):
@@ -363,10 +402,9 @@ def run(arguments) -> int:
 
     json_output = arguments.format == "json"
     progress_enabled = None if not json_output else False
-    model = exporting.load_for_pruning(
-        arguments.source, dtype=arguments.dtype, revision=arguments.revision, token=arguments.token
-    )
+    model = load_checkpoint(arguments, arguments.source)
     kind = exporting.model_kind(model)
+    fit_text_batching_to_model(model, arguments)
     # Refuse a target the layers cannot take before any measuring or scoring.
     _choose_heads(model, _uniform_scores(model), arguments)
     directory = exporting.source_directory(model)
@@ -386,6 +424,8 @@ def run(arguments) -> int:
         gates[path][heads] = 0.0
     set_head_gates(model, gates)
     heads_total = int(sum(len(values) for values in gates.values()))
+    heads_removed = int(sum(len(heads) for heads in chosen.values()))
+    rounding = _rounding(arguments, heads_removed, heads_total)
     prune_heads(model)
     after, _ = measure_model(
         model, kind, data, arguments, sequence_length, latency_inputs, reference=reference
@@ -406,8 +446,10 @@ def run(arguments) -> int:
         "uniform": arguments.uniform,
         "target": {
             "requested": arguments.target,
-            "heads_removed": int(sum(len(h) for h in chosen.values())),
+            "heads_removed": heads_removed,
             "heads_total": heads_total,
+            "requested_heads": _requested_heads(arguments.target, heads_total),
+            "rounding": rounding,
         },
         "data": None
         if data is None
@@ -454,17 +496,7 @@ def _export(model, arguments):
     if not exporting.is_uniform(model):
         if arguments.uniform:  # pragma: no cover - a uniform plan always gives uniform layers
             raise ExportError("the pruned model is not uniform although --uniform was given")
-        from keras_mha.models.export_files import output_folder
-
-        with output_folder(arguments.out, overwrite=arguments.overwrite) as staging:
-            model.save(staging / "model.keras")
-        out = Path(arguments.out)
-        return {
-            "format": "keras",
-            "path": str(out),
-            "files": ["model.keras"],
-            "bytes": (out / "model.keras").stat().st_size,
-        }
+        return exporting.save_keras(model, arguments.out, overwrite=arguments.overwrite)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = exporting.save_pretrained(

@@ -40,6 +40,7 @@ TOKENIZER_FILE_NAME = "tokenizer.json"
 # Reading stops once this many characters per wanted token were read (tokens are
 # rarely shorter than a character); bounds memory for a huge --data file.
 _CHARACTERS_PER_TOKEN_READ = 16
+_READ_CHUNK = 1 << 20  # characters
 # What `--data` cannot be: reading a device or socket never ends (or ends in garbage).
 _NOT_TEXT_FILES = (
     (stat.S_ISDIR, "a directory"),
@@ -59,7 +60,8 @@ def load_tokenizer(directory, *, argument="SOURCE"):
 
     Raises:
         MissingDependencyError: `tokenizers` is not installed.
-        CheckpointError: the directory has no readable `tokenizer.json`.
+        CheckpointError: the directory has no readable `tokenizer.json`, or it is a link
+            leading out of the directory.
 
     Example:
         >>> tokenizer = load_tokenizer("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
@@ -73,8 +75,10 @@ def load_tokenizer(directory, *, argument="SOURCE"):
             "--data needs the `tokenizers` package to read the checkpoint's tokenizer.json: "
             "pip install 'keras-mha[prune]'"
         ) from error
+    from keras_mha.models.local_files import file_in_folder
+
     path = Path(directory) / TOKENIZER_FILE_NAME
-    if not path.is_file():
+    if file_in_folder(directory, TOKENIZER_FILE_NAME) is None:
         raise CheckpointError(
             f"{argument}: {str(directory)!r} has no {TOKENIZER_FILE_NAME}; --data is tokenised "
             "with the checkpoint's own fast tokenizer (use --method magnitude to prune without "
@@ -140,7 +144,7 @@ def read_text(path, *, max_characters=None, argument="--data"):
     path = check_text_file(path, argument=argument)
     try:
         with path.open(encoding="utf-8") as handle:
-            return handle.read() if max_characters is None else handle.read(max_characters)
+            return _read_at_most(handle, max_characters)
     except FileNotFoundError:
         raise PathError(f"{argument}: {str(path)!r} does not exist", path=str(path)) from None
     except UnicodeDecodeError as error:
@@ -155,13 +159,31 @@ def read_text(path, *, max_characters=None, argument="--data"):
         ) from None
 
 
+def _read_at_most(handle, limit):
+    """Up to `limit` characters (None: all), a chunk at a time: a text file's `read(n)`
+    reserves memory for `n` characters first, so a huge `--max-tokens` would fail."""
+    parts, remaining = [], limit
+    while remaining is None or remaining > 0:
+        chunk = handle.read(_READ_CHUNK if remaining is None else min(remaining, _READ_CHUNK))
+        if not chunk:
+            break
+        parts.append(chunk)
+        remaining = None if remaining is None else remaining - len(chunk)
+    return "".join(parts)
+
+
 def characters_to_read(max_tokens):
     """How much of a file to read for `max_tokens` tokens (None: all of it)."""
     return None if max_tokens is None else max_tokens * _CHARACTERS_PER_TOKEN_READ
 
 
-def _prefix_tokens(tokenizer):
-    """Special tokens the tokenizer's post-processor puts before a text (e.g. `<s>`)."""
+def prefix_tokens(tokenizer):
+    """Special tokens the tokenizer's post-processor puts before a text (e.g. `<s>`).
+
+    Example:
+        >>> prefix_tokens(llama_tokenizer)  # doctest: +SKIP
+        [128000]
+    """
     probe = "Hello world"
     plain = tokenizer.encode(probe, add_special_tokens=False).ids
     full = tokenizer.encode(probe, add_special_tokens=True).ids
@@ -275,7 +297,7 @@ def decoder_windows(tokenizer, text, seq_len, max_tokens=None, *, argument="--da
         >>> bool((data.inputs[0, 1:] == data.targets[0, :-1]).all())  # doctest: +SKIP
         True
     """
-    prefix = _prefix_tokens(tokenizer)
+    prefix = prefix_tokens(tokenizer)
     content_per_window = seq_len - len(prefix)
     if content_per_window < 1:
         raise UsageError(
@@ -325,12 +347,14 @@ def split_sentences(text):
     return sentences
 
 
-def encoder_sentences(tokenizer, text, seq_len, max_tokens=None, *, argument="--data"):
+def encoder_sentences(
+    tokenizer, text, seq_len, max_tokens=None, *, argument="--data", min_sentences=2
+):
     """Tokenise the sentences of `text` for an encoder, padded to the longest.
 
     Raises:
-        UsageError: fewer than 2 sentences (the encoder score compares sentences
-            with each other).
+        UsageError: fewer than `min_sentences` sentences (the encoder score compares
+            sentences with each other, so it needs 2).
 
     Example:
         >>> data = encoder_sentences(tokenizer, "One. Two.", seq_len=16)  # doctest: +SKIP
@@ -351,10 +375,10 @@ def encoder_sentences(tokenizer, text, seq_len, max_tokens=None, *, argument="--
             break
         rows.append(ids)
         total += len(ids)
-    if len(rows) < 2:
+    if len(rows) < min_sentences:
         raise UsageError(
             f"{argument}: {len(rows)} sentence(s) within --max-tokens is too little to score "
-            "an encoder's heads; expected at least 2 sentences of text",
+            f"an encoder's heads; expected at least {min_sentences} sentences of text",
             value=len(rows),
         )
     length = max(len(ids) for ids in rows)
@@ -374,11 +398,22 @@ def _pad_id(tokenizer):
     return 0  # Masked out; any valid id does.
 
 
-def load_examples(directory, path, *, kind, seq_len, max_tokens=None):
-    """The text of `path`, tokenised by `directory`'s tokenizer, as model examples.
+def examples_of_text(tokenizer, text, *, kind, seq_len, max_tokens=None, argument="--data"):
+    """`text` as model examples: next-token windows for decoders (`decoder_windows`),
+    sentences for encoders (`encoder_sentences`), at most `max_tokens` tokens.
 
-    Decoders get next-token windows (`decoder_windows`), encoders sentences
-    (`encoder_sentences`); at most `max_tokens` tokens are read.
+    Example:
+        >>> data = examples_of_text(tokenizer, "Some text.", kind="decoder", seq_len=128)
+        ... # doctest: +SKIP
+    """
+    if kind == "decoder":
+        return decoder_windows(tokenizer, text, seq_len, max_tokens, argument=argument)
+    return encoder_sentences(tokenizer, text, seq_len, max_tokens, argument=argument)
+
+
+def load_examples(directory, path, *, kind, seq_len, max_tokens=None):
+    """The text of `path`, tokenised by `directory`'s tokenizer, as model examples
+    (`examples_of_text`).
 
     Example:
         >>> data = load_examples("path/to/llama", "notes.txt", kind="decoder", seq_len=128)
@@ -386,6 +421,4 @@ def load_examples(directory, path, *, kind, seq_len, max_tokens=None):
     """
     tokenizer = load_tokenizer(directory)
     text = read_text(path, max_characters=characters_to_read(max_tokens))
-    if kind == "decoder":
-        return decoder_windows(tokenizer, text, seq_len, max_tokens)
-    return encoder_sentences(tokenizer, text, seq_len, max_tokens)
+    return examples_of_text(tokenizer, text, kind=kind, seq_len=seq_len, max_tokens=max_tokens)

@@ -257,7 +257,7 @@ def render_table(report) -> str:
             label,
             format_number(before[key], digits),
             format_number(after[key], digits),
-            _change(before[key], after[key]) if key != "embedding_cosine" else "",
+            _change(before[key], after[key]),
         )
         for label, key, digits in ROWS
         if before.get(key) is not None or after.get(key) is not None
@@ -272,6 +272,8 @@ def render_table(report) -> str:
         f"{'uniform' if report['uniform'] else 'non-uniform'}; {report['backend']} backend, "
         f"{report['dtype']})"
     )
+    if target.get("rounding"):
+        lines.append(f"target: {target['rounding']}")
     data = report.get("data")
     if data:
         lines.append(

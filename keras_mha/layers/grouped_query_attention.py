@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_mha.layers import (
     attention_kernels,
+    attention_probe,
     decode_attention,
     eager_decode,
     kv_cache,
@@ -436,6 +437,8 @@ class GroupedQueryAttention(keras.layers.Layer):
         return kv_cache.KVCache(ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3)))
 
     def _can_use_fused(self, return_attention_scores, training):
+        if attention_probe.is_recording(self):
+            return False  # record_attention needs the probabilities (attention_probe.py)
         reasons = []
         if return_attention_scores:
             reasons.append("return_attention_scores=True needs the attention weights")
@@ -815,6 +818,8 @@ class GroupedQueryAttention(keras.layers.Layer):
             # A traced cache_index overran the cache: the write was skipped, and
             # NaN outputs make sure the step cannot pass for a good one.
             output = ops.where(valid, output, ops.cast(float("nan"), output.dtype))
+        if scores is not None:
+            attention_probe.observe(self, scores)
         results = [output]
         if return_attention_scores:
             results.append(scores)

@@ -279,7 +279,7 @@ def _scatter_into_variable(variable, update, start, static_start, valid):
     read the cache as `(B * Hkv, S, D)`) into a second update of a copy of
     the cache, so that each step copied the whole cache three times; a
     scatter stays one in-place write and the matmuls read the variable's own
-    buffer (checked on the compiled HLO in tests/test_layers_cache.py).
+    buffer (checked on the compiled HLO in tests/layers/test_cache.py).
     """
     import tensorflow as tf
 

@@ -23,7 +23,14 @@ class MultiHeadAttention(GroupedQueryAttention):
     """
 
     def __init__(self, num_heads, **kwargs):
-        kwargs.pop("num_key_value_heads", None)
+        kv_heads = kwargs.pop("num_key_value_heads", None)
+        # Accepted only when it says what MHA is (older saved configs carry it).
+        if kv_heads is not None and (isinstance(kv_heads, bool) or kv_heads != num_heads):
+            raise ValueError(
+                f"`num_key_value_heads` must be None or `num_heads` ({num_heads!r}) for "
+                f"MultiHeadAttention, which gives every query head its own key/value head; "
+                f"received {kv_heads!r}. Use GroupedQueryAttention for fewer KV heads."
+            )
         super().__init__(num_heads=num_heads, num_key_value_heads=num_heads, **kwargs)
 
     def get_config(self):

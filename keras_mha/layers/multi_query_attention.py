@@ -22,7 +22,14 @@ class MultiQueryAttention(GroupedQueryAttention):
     """
 
     def __init__(self, num_heads, **kwargs):
-        kwargs.pop("num_key_value_heads", None)
+        kv_heads = kwargs.pop("num_key_value_heads", None)
+        # Accepted only when it says what MQA is (older saved configs carry it).
+        if kv_heads is not None and (isinstance(kv_heads, bool) or kv_heads != 1):
+            raise ValueError(
+                "`num_key_value_heads` must be None or 1 for MultiQueryAttention, whose query "
+                f"heads share one key/value head; received {kv_heads!r}. Use "
+                "GroupedQueryAttention for more KV heads."
+            )
         super().__init__(num_heads=num_heads, num_key_value_heads=1, **kwargs)
 
     def get_config(self):

@@ -167,7 +167,8 @@ def check_rank(name, shape):
 
 
 def check_input_shapes(query_shape, value_shape=None, key_shape=None):
-    """Ranks, and batch / length agreement of `query`, `value` and `key`, where static.
+    """Ranks, a non-empty query, and batch / length agreement of `query`, `value` and `key`,
+    where static.
 
     `value` defaults to `query` and `key` to `value`, as in the layer's call.
     Unknown (None) dimensions are not compared.
@@ -191,6 +192,13 @@ def check_input_shapes(query_shape, value_shape=None, key_shape=None):
             "`key` and `value` must have the same batch size and length (all dimensions but "
             f"the last); received key shape {_dims(key_shape)} and value shape "
             f"{_dims(value_shape)}."
+        )
+    if isinstance(_known(query_shape[1]), int) and _known(query_shape[1]) == 0:
+        # Every backend alike: TensorFlow's CPU matmul fails on an empty query, JAX and
+        # torch would return an empty output.
+        raise ValueError(
+            f"`query` has no positions (shape {_dims(query_shape)}); expected a length of at "
+            "least 1: there is nothing to attend from."
         )
     query_batch, value_batch = _known(query_shape[0]), _known(value_shape[0])
     if query_batch is not None and value_batch is not None and query_batch != value_batch:

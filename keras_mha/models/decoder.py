@@ -21,11 +21,11 @@ from keras import ops
 
 from keras_mha.models.blocks import DecoderBlock, RMSNorm
 from keras_mha.models.direct_calls import run
-from keras_mha.models.inputs import check_token_ids, unpack_inputs
+from keras_mha.models.inputs import CheckedInputs, as_arrays, check_token_ids, unpack_inputs
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
-class DecoderModel(keras.Model):
+class DecoderModel(CheckedInputs, keras.Model):
     """A decoder-only causal LM: embeddings, `DecoderBlock`s, final norm, LM head.
 
     Args:
@@ -141,11 +141,13 @@ class DecoderModel(keras.Model):
     def _key_mask(padding_mask):
         return None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
 
-    def __call__(self, inputs, *args, **kwargs):
-        # Checked before Keras's __call__, which would wrap the error in a long report.
+    def check_inputs(self, inputs):
+        """`inputs` with Python lists made arrays; refused when an id is outside the
+        vocabulary (`CheckedInputs` runs this on every call and every batch)."""
+        inputs = as_arrays(inputs)
         token_ids, _, _ = unpack_inputs(inputs)
         check_token_ids(token_ids, self.vocab_size)
-        return super().__call__(inputs, *args, **kwargs)
+        return inputs
 
     def hidden_states(self, inputs):
         """The final norm's output `(B, T, hidden_size)` (keras-hub backbones' output)."""

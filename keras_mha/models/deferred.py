@@ -14,7 +14,7 @@ Keras exposes no public call to initialise a deferred variable from a value, so 
 module uses its internals: the list of pending variables in
 `keras.src.backend.common.global_state`, and a variable's `_value` (None while
 pending), `_initializer` and `_deferred_initialize()`. `deferral_supported` checks for
-them first (and tests/test_models_load_memory.py pins them on the installed Keras).
+them first (and tests/models/test_load_memory.py pins them on the installed Keras).
 Where they are missing, or a `keras.distribution` is active (its layouts place
 variables when they are created), models are built eagerly and `fill` assigns
 instead: same weights, with the earlier peak memory (1.4-1.75x the checkpoint).
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import keras
 import numpy as np
 
-from keras_mha.cards.checkpoint_weights import BUFFER_ALIGNMENT, aligned_empty
+from keras_mha.models.safetensors_reader import BUFFER_ALIGNMENT, aligned_empty
 
 _PENDING = "uninitialized_variables"  # Keras's global list of deferred variables
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_mha.errors import UsageError
 from keras_mha.models.blocks import EncoderBlock
-from keras_mha.models.inputs import check_token_ids, unpack_inputs
+from keras_mha.models.inputs import CheckedInputs, as_arrays, check_token_ids, unpack_inputs
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
-class EncoderModel(keras.Model):
+class EncoderModel(CheckedInputs, keras.Model):
     """A BERT-style encoder returning the last hidden state `(B, T, hidden_size)`.
 
     Args:
@@ -96,19 +97,23 @@ class EncoderModel(keras.Model):
                     block.build((None, None, self.hidden_size))
         self.built = True
 
-    def __call__(self, inputs, *args, **kwargs):
-        # Checked before Keras's __call__, which would wrap the error in a long report.
+    def check_inputs(self, inputs):
+        """`inputs` with Python lists made arrays; refused when an id or segment id is
+        outside its table or the sequence is longer than the position table
+        (`CheckedInputs` runs this on every call and every batch)."""
+        inputs = as_arrays(inputs)
         token_ids, _, segment_ids = unpack_inputs(inputs, allow_segments=True)
         check_token_ids(token_ids, self.vocab_size)
         length = token_ids.shape[1]
         if isinstance(length, int) and length > self.max_position_embeddings:
-            raise ValueError(
+            raise UsageError(
                 f"token_ids has {length} positions; this model has "
-                f"max_position_embeddings={self.max_position_embeddings}"
+                f"max_position_embeddings={self.max_position_embeddings}",
+                key="token_ids",
             )
         if segment_ids is not None:
             check_token_ids(segment_ids, self.type_vocab_size, argument="segment_ids")
-        return super().__call__(inputs, *args, **kwargs)
+        return inputs
 
     def call(self, inputs, training=None):
         token_ids, padding_mask, segment_ids = unpack_inputs(inputs, allow_segments=True)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import warnings
@@ -53,16 +54,19 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_mha.errors import ExportError
+from keras_mha.cards.config_values import shown
+from keras_mha.errors import CheckpointError, ExportError, PathError
 from keras_mha.models.export_files import (
     DEFAULT_MAX_SHARD_SIZE,
     KERAS_TO_SAFETENSORS_DTYPE,
     SAFETENSORS_TO_TORCH_DTYPE,
     LazyTensor,
+    check_output_folder,
     output_folder,
     parse_size,
     write_safetensors,
 )
+from keras_mha.models.local_files import file_in_folder
 
 # How the family's config states the head size (see the module docstring).
 HEAD_SIZE_IN_CONFIG = {
@@ -187,14 +191,15 @@ def compute_dtype(model) -> str:
     return str(getattr(model, "compute_dtype", None) or "float32")
 
 
-def load_for_pruning(source, *, dtype=None, revision=None, token=None):
+def load_for_pruning(source, *, dtype=None, revision=None, token=None, **hub):
     """`from_pretrained`, remembering the local folder the files came from.
 
-    For a Hub id the tokenizer files are fetched into the HF cache beside the weights.
+    For a Hub id the tokenizer files are fetched into the HF cache beside the weights;
+    `hub` (`endpoint`, `offline`, `timeout`) goes to every Hub exchange.
     """
     from keras_mha.models import from_pretrained
 
-    model = from_pretrained(source, dtype=dtype, revision=revision, token=token)
+    model = from_pretrained(source, dtype=dtype, revision=revision, token=token, **hub)
     local = Path(str(source)).expanduser()
     if local.is_dir():
         model.source_directory = local
@@ -203,18 +208,19 @@ def load_for_pruning(source, *, dtype=None, revision=None, token=None):
         # files match the weights even if the branch moved meanwhile.
         snapshot = Path(str(getattr(model, "source_directory", "") or "")).name
         commit = snapshot if re.fullmatch(r"[0-9a-f]{40}", snapshot) else revision
-        model.source_directory = _fetch_hub_files(str(source), commit, token)
+        model.source_directory = _fetch_hub_files(str(source), commit, token, hub)
     return model
 
 
-def _fetch_hub_files(model_id, revision, token):
+def _fetch_hub_files(model_id, revision, token, hub=None):
     """The HF-cache snapshot folder of `model_id`, with its tokenizer files fetched (through
     `hub_file`, which checks every name the endpoint sends before writing)."""
-    from keras_mha.cards.hub_files import hub_file
+    from keras_mha.hub.files import hub_file
 
     folder = None
     for name in ("config.json", *COPIED_FILES):
-        path = hub_file(model_id, name, revision=revision, token=token)
+        options = {key: value for key, value in (hub or {}).items() if value is not None}
+        path = hub_file(model_id, name, revision=revision, token=token, **options)
         if path is not None:
             folder = path.parent
     return folder
@@ -431,25 +437,19 @@ def _hub_tensors(model, *, padding=None, dtype_name):
 
 def _source_extras(model, written, dtype_name):
     """Tensors of the source checkpoint the model ignored on load (e.g. BERT's pooler)."""
-    from keras_mha.cards.checkpoint_weights import SafetensorsCheckpoint
+    from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
     from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES
 
     directory = source_directory(model)
-    if directory is None:
+    if directory is None or not directory.is_dir():  # The source moved or is gone.
         return {}
-    try:
-        checkpoint = SafetensorsCheckpoint(directory)
-    except Exception:  # The source moved or is gone: nothing to copy.
-        return {}
+    checkpoint = SafetensorsCheckpoint(directory)
     names = FAMILY_WEIGHT_NAMES[model.weight_naming]
     extras = {}
     for key in checkpoint.keys():
         if key in written or not names.is_ignored(key) or _NOT_COPIED.search(key):
             continue
-        from safetensors import safe_open
-
-        with safe_open(str(checkpoint.file_of(key)), framework="np") as handle:
-            stored = handle.get_slice(key).get_dtype()
+        stored = checkpoint.dtype_of(key)
         shape = tuple(int(d) for d in checkpoint.shape_of(key))
         floating = stored in ("F64", "F32", "F16", "BF16")
         if not floating and stored not in ("I64", "I32", "BOOL"):
@@ -507,17 +507,21 @@ def save_pretrained(
     """Write `model` as a Hub checkpoint folder (config.json, safetensors, tokenizer).
 
     Everything is written into a hidden folder beside `out_dir` and moved into place
-    when complete: an error leaves `out_dir` as it was.
+    when complete: an error leaves `out_dir` as it was. `out_dir` is checked before any
+    work: it may not be, contain or lie inside the folder the model was loaded from (or
+    `tokenizer_from`), symlinks resolved, so the source is never overwritten.
 
     Args:
         model: a model from `keras_mha.models.from_pretrained`, pruned or not.
-        out_dir: the folder to create. It must be new or empty, or hold a checkpoint
-            and `overwrite=True`.
+        out_dir: the folder to create (a str or `os.PathLike`). It must be new or empty,
+            or hold a checkpoint and `overwrite=True`.
         max_shard_size: above this size the tensors are split into
             `model-0000i-of-0000n.safetensors` files with `model.safetensors.index.json`
             (an int in bytes or a string such as `"5GB"`).
         dtype: `"float32"`, `"bfloat16"` or `"float16"`; default the model's weights'.
-        overwrite: replace an existing checkpoint folder.
+        overwrite: write into a folder that holds a checkpoint: the files this export
+            writes replace theirs (and an earlier export's weight files go, as in
+            transformers' `save_pretrained`); every other file stays.
         copy_tokenizer: copy the tokenizer (and sentence-transformers) files of the
             source folder when it had them.
         tokenizer_from: the folder to copy them from; default the folder
@@ -530,7 +534,9 @@ def save_pretrained(
         ExportError: layers with different head counts, a family keras-mha cannot
             state pruned heads for, or fewer KV heads than query heads in a family whose
             config cannot say so (`grouped_query_refusal`: BERT).
-        PathError: `out_dir` is not writable or not empty.
+        PathError: `out_dir` is not a path, not writable, not empty (without
+            `overwrite`), or is, contains or lies inside the source folder.
+        CheckpointError: a tokenizer file of the source is a link leading out of it.
 
     Warns:
         UserWarning: the family derives the head size (BERT), so the removed heads are
@@ -540,6 +546,11 @@ def save_pretrained(
         >>> summary = save_pretrained(model, "pruned")  # doctest: +SKIP
         >>> transformers.AutoModelForCausalLM.from_pretrained("pruned")  # doctest: +SKIP
     """
+    source = _tokenizer_source(model, tokenizer_from)
+    protected = (source_directory(model), source)
+    check_output_folder(out_dir, overwrite=overwrite, source=protected, argument="out_dir")
+    if copy_tokenizer and source is not None and source.is_dir():
+        source_files(source)  # a file leading out of the source is refused before any work
     config = source_config(model)
     heads, kv_heads, head_dim = check_uniform(model)
     refusal = grouped_query_refusal(model)
@@ -591,11 +602,12 @@ def save_pretrained(
     )
     tensors = _hub_tensors(model, padding=padding, dtype_name=stored_dtype)
     tensors.update(_source_extras(model, set(tensors), stored_dtype))
-    source = Path(tokenizer_from) if tokenizer_from is not None else source_directory(model)
-    with output_folder(out_dir, overwrite=overwrite, source=source, argument="out_dir") as staging:
+    with output_folder(
+        out_dir, overwrite=overwrite, source=protected, argument="out_dir"
+    ) as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         files = ["config.json", *write_safetensors(tensors, staging, max_shard_size)]
-        if copy_tokenizer and source is not None:
+        if copy_tokenizer and source is not None and source.is_dir():
             files += _copy_source_files(source, staging)
     out = Path(out_dir)
     return ExportSummary(
@@ -613,14 +625,101 @@ def save_pretrained(
     )
 
 
-def _copy_source_files(source: Path, staging: Path) -> list[str]:
-    copied = []
+def save_keras(model, out_dir, *, overwrite=False, argument="--out") -> dict:
+    """Write `model` as `out_dir/model.keras` (for models no Hub config can describe), with
+    the same folder rules as `save_pretrained`: staged beside `out_dir`, moved into place
+    when complete, never into the folder the model was loaded from.
+
+    Returns:
+        `{"format": "keras", "path", "files", "bytes"}` for a report.
+
+    Example:
+        >>> save_keras(model, "pruned-uneven")["files"]  # doctest: +SKIP
+        ['model.keras']
+    """
+    source = source_directory(model)
+    with output_folder(out_dir, overwrite=overwrite, source=source, argument=argument) as staging:
+        model.save(staging / "model.keras")
+    out = Path(out_dir)
+    return {
+        "format": "keras",
+        "path": str(out),
+        "files": ["model.keras"],
+        "bytes": (out / "model.keras").stat().st_size,
+    }
+
+
+def _tokenizer_source(model, tokenizer_from) -> Path | None:
+    """The folder the tokenizer files are copied from (checked to be a folder)."""
+    if tokenizer_from is None:
+        return source_directory(model)
+    if not isinstance(tokenizer_from, (str, os.PathLike)) or not Path(tokenizer_from).is_dir():
+        raise PathError(
+            f"tokenizer_from={shown(tokenizer_from)} is not a folder; expected the folder "
+            "holding tokenizer.json (or None for the folder the model was loaded from)",
+            value=tokenizer_from,
+        )
+    return Path(tokenizer_from)
+
+
+def source_files(source) -> dict[str, Path]:
+    """The tokenizer and sentence-transformers files `save_pretrained` copies from `source`:
+    `{name in the export: resolved file}` (names under a copied folder hold a `/`).
+
+    Only regular files inside `source` qualify (`local_files.file_in_folder`): a symlink
+    leading elsewhere is refused rather than copied into a checkpoint that may be
+    published. Cheap (no file is read), so it runs before any work.
+
+    Raises:
+        CheckpointError: a file or folder of the list that leads out of `source`.
+
+    Example:
+        >>> sorted(source_files("path/to/all-MiniLM-L6-v2"))  # doctest: +SKIP
+        ['1_Pooling/config.json', 'modules.json', 'tokenizer.json', 'vocab.txt', ...]
+    """
+    source = Path(source)
+    files = {}
     for name in COPIED_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, staging / name)
-            copied.append(name)
+        found = file_in_folder(source, name)
+        if found is not None:
+            files[name] = found
     for name in COPIED_FOLDERS:
-        if (source / name).is_dir():
-            shutil.copytree(source / name, staging / name)
-            copied.append(f"{name}/")
+        folder = source / name
+        if folder.is_dir():
+            for relative in _folder_files(source, folder):
+                inside = str(Path(name, relative))
+                files[inside] = file_in_folder(source, inside)
+    return files
+
+
+def _copy_source_files(source: Path, staging: Path) -> list[str]:
+    """Copy `source_files(source)` into `staging`; the names listed as in `ExportSummary`."""
+    copied = []
+    for name, found in source_files(source).items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(found, staging / name)
+        listed = name if "/" not in name else name.split("/")[0] + "/"
+        if listed not in copied:
+            copied.append(listed)
     return copied
+
+
+def _folder_files(source: Path, folder: Path) -> list[Path]:
+    """The files under `folder` (relative to it). A folder that is a link is refused; each
+    file is checked by `file_in_folder` when copied."""
+    _refuse_linked_folder(source, folder)
+    files = []
+    for root, folders, names in os.walk(folder):
+        for name in folders:
+            _refuse_linked_folder(source, Path(root, name))
+        files += [Path(root, name).relative_to(folder) for name in names]
+    return sorted(files)
+
+
+def _refuse_linked_folder(source: Path, folder: Path) -> None:
+    if os.path.islink(folder):
+        raise CheckpointError(
+            f"{str(folder)!r} is a link to a folder; keras-mha copies only the plain folders "
+            f"of the checkpoint {str(source)!r} (pass copy_tokenizer=False to skip them)",
+            path=str(folder),
+        )

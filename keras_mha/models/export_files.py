@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_mha.cards.config_values import shown as shown_value
 from keras_mha.errors import ExportError, PathError
 
 SINGLE_FILE_NAME = "model.safetensors"
@@ -80,7 +82,7 @@ def parse_size(size) -> int:
         number = text[: -len(unit)] if unit else text
         try:
             value = int(float(number) * (_UNITS[unit] if unit else 1))
-        except ValueError:
+        except (ValueError, OverflowError):  # not a number, or inf / nan
             value = -1
     else:
         value = -1
@@ -208,13 +210,71 @@ def write_safetensors(
     return [*written, INDEX_FILE_NAME]
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of an existing path: the same folder under another name (a bind
+    mount, a case-insensitive file system) has the same identity."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return status.st_dev, status.st_ino
+
+
+def _is_at_or_under(path: Path, folder: Path) -> bool:
+    """Whether resolved `path` is `folder` or lies inside it (both resolved)."""
+    folder_identity = _identity(folder)
+    for candidate in (path, *path.parents):
+        if candidate == folder or (folder_identity and _identity(candidate) == folder_identity):
+            return True
+    return False
+
+
+def check_not_in_source(path, sources, *, argument, shown) -> None:
+    """Refuse an output `path` that is, contains or lies inside one of the `sources`
+    folders (symlinks resolved): writing there could replace the source's own files.
+
+    Raises:
+        PathError: naming `argument`, the path and the source folder.
+
+    Example:
+        >>> check_not_in_source("pruned", ["llama"], argument="--out", shown="pruned")
+    """
+    resolved = Path(os.path.abspath(os.path.expanduser(str(path)))).resolve()
+    for source in sources:
+        if source is None or not Path(source).is_dir():
+            continue
+        folder = Path(source).resolve()
+        if _is_at_or_under(resolved, folder) and _is_at_or_under(folder, resolved):
+            relation = "is the source checkpoint folder"
+        elif _is_at_or_under(resolved, folder):
+            relation = f"lies inside the source checkpoint folder {str(source)!r}"
+        elif _is_at_or_under(folder, resolved):
+            relation = f"contains the source checkpoint folder {str(source)!r}"
+        else:
+            continue
+        raise PathError(
+            f"{argument}: {shown!r} {relation}; expected a path outside it (the source is "
+            "never overwritten)",
+            path=shown,
+        )
+
+
+def _as_sources(source) -> list:
+    if source is None:
+        return []
+    if isinstance(source, (str, os.PathLike)):
+        return [source]
+    return list(source)
+
+
 def check_output_folder(out, *, overwrite=False, source=None, argument="--out") -> Path:
     """Refuse an output folder before any work is done; returns it as an absolute path.
 
-    Refused: a path that exists and is not a directory; a non-empty directory without
-    `overwrite`; with `overwrite`, a non-empty directory that holds no `config.json`
-    (replacing it would delete files that are not a checkpoint); the `source` checkpoint
-    folder itself; a parent folder that cannot be created or written.
+    Refused: a value that is not a path; a path that exists and is not a directory; a
+    non-empty directory without `overwrite`; with `overwrite`, a non-empty directory that
+    holds no `config.json` (it is not a checkpoint folder); a folder that is, contains or
+    lies inside the `source` checkpoint folder (or any of several), symlinks resolved; a
+    parent folder that cannot be created or written.
 
     Raises:
         PathError: with one line naming `argument`, the path and what was expected.
@@ -223,6 +283,26 @@ def check_output_folder(out, *, overwrite=False, source=None, argument="--out") 
         >>> check_output_folder("pruned-model")  # doctest: +SKIP
         PosixPath('/home/me/pruned-model')
     """
+    if not isinstance(out, (str, os.PathLike)) or not str(os.fspath(out)).strip():
+        raise PathError(
+            f"{argument}={shown_value(out)} is not a folder to write; expected a path (a str or "
+            "os.PathLike) naming a new or empty folder",
+            value=out,
+        )
+    try:
+        return _check_output_folder(out, overwrite, _as_sources(source), argument)
+    except PathError:
+        raise
+    except (OSError, ValueError) as error:  # a NUL character, a name too long, a loop
+        reason = getattr(error, "strerror", None) or error
+        raise PathError(
+            f"{argument}: {shown_value(str(out))} cannot be used as a folder ({reason}); "
+            "expected a writable folder path",
+            path=str(out),
+        ) from None
+
+
+def _check_output_folder(out, overwrite, sources, argument) -> Path:
     path = Path(os.path.abspath(os.path.expanduser(str(out))))
     shown = str(out)
     if path.exists() and not path.is_dir():
@@ -231,13 +311,7 @@ def check_output_folder(out, *, overwrite=False, source=None, argument="--out") 
             "the checkpoint into",
             path=shown,
         )
-    if source is not None and path.is_dir() and Path(source).is_dir():
-        if path.resolve() == Path(source).resolve():
-            raise PathError(
-                f"{argument}: {shown!r} is the source checkpoint folder; expected a different "
-                "folder (the source is never overwritten)",
-                path=shown,
-            )
+    check_not_in_source(path, sources, argument=argument, shown=shown)
     if path.is_dir() and any(path.iterdir()):
         if not overwrite:
             raise PathError(
@@ -264,55 +338,151 @@ def check_output_folder(out, *, overwrite=False, source=None, argument="--out") 
     return path
 
 
+# Weight files of an earlier export that a new export replaces even where it does not
+# write that name (a single file after shards, or the reverse): two sets of weights in
+# one folder would contradict each other. transformers' save_pretrained removes them too.
+_EARLIER_WEIGHTS = re.compile(
+    r"model\.safetensors|model-\d{5}-of-\d{5}\.safetensors|model\.safetensors\.index\.json"
+    r"|model\.keras"
+)
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """Every file under `folder`, as relative paths, sorted."""
+    return sorted(
+        Path(root, name).relative_to(folder) for root, _, names in os.walk(folder) for name in names
+    )
+
+
+def _placement_plan(staging: Path, path: Path, argument: str, shown: str):
+    """(files to place, existing files they or an earlier export's weights replace);
+    refused before anything moves when a folder stands where a file goes, or the reverse."""
+    files = _files_under(staging)
+    for relative in files:
+        for folder in reversed(relative.parents[:-1]):
+            target = path / folder
+            if os.path.islink(target) or (os.path.lexists(target) and not target.is_dir()):
+                raise PathError(
+                    f"{argument}: {shown!r} holds {str(folder)!r} as a file or a link, where the "
+                    "export writes a folder; remove it or choose another folder",
+                    path=shown,
+                )
+        if (path / relative).is_dir() and not os.path.islink(path / relative):
+            raise PathError(
+                f"{argument}: {shown!r} holds a folder {str(relative)!r}, where the export "
+                "writes a file; remove it or choose another folder",
+                path=shown,
+            )
+    written = set(files)
+    replaced = [relative for relative in files if os.path.lexists(path / relative)]
+    replaced += [
+        Path(entry.name)
+        for entry in os.scandir(path)
+        if _EARLIER_WEIGHTS.fullmatch(entry.name)
+        and Path(entry.name) not in written
+        and not entry.is_dir(follow_symlinks=False)
+    ]
+    return files, replaced
+
+
+def _place_files(staging: Path, path: Path, argument: str, shown: str) -> None:
+    """Move the exported files from `staging` into the existing folder `path`.
+
+    Only the files the export wrote (and an earlier export's weight files) are replaced;
+    every other file of `path` stays. Replaced files are first moved aside, and put back
+    if any move fails, so the folder ends as it was or with the whole export.
+    """
+    files, replaced = _placement_plan(staging, path, argument, shown)
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.replaced-", dir=path.parent))
+    moved_aside, placed, made = [], [], []
+    try:
+        for relative in replaced:
+            (aside / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path / relative, aside / relative)
+            moved_aside.append(relative)
+        for relative in files:
+            for folder in reversed(relative.parents[:-1]):
+                if not (path / folder).exists():
+                    (path / folder).mkdir()
+                    made.append(path / folder)
+            os.rename(staging / relative, path / relative)
+            placed.append(relative)
+    except OSError as error:
+        restored = _undo(staging, path, aside, placed, made, moved_aside)
+        if not restored:
+            raise PathError(
+                f"{argument}: writing into {shown!r} failed ({error.strerror or error}) and some "
+                f"replaced files could not be put back; they are in {str(aside)!r}",
+                path=shown,
+            ) from None
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _undo(staging, path, aside, placed, made, moved_aside) -> bool:
+    """Take placed files back out and put replaced ones back; whether all came back."""
+    for relative in reversed(placed):
+        with contextlib.suppress(OSError):
+            os.rename(path / relative, staging / relative)
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    restored = True
+    for relative in reversed(moved_aside):
+        try:
+            os.rename(aside / relative, path / relative)
+        except OSError:
+            restored = False
+    return restored
+
+
 @contextlib.contextmanager
 def output_folder(out, *, overwrite=False, source=None, argument="--out"):
-    """Yield a staging folder beside `out`; move it to `out` when the block succeeds.
+    """Yield a staging folder beside `out`; move what was written there into `out` when the
+    block succeeds.
 
-    The staging folder is hidden (`.<name>.partial-XXXX`) in the same parent, so the final
-    rename is atomic on one file system. On any exception it is removed and `out` is left
-    as it was. With `overwrite`, the old `out` is moved aside and removed only after the
-    new folder is in place.
+    The staging folder is hidden (`.<name>.partial-XXXX`) in the same parent, so every
+    move is a rename on one file system. A new (or empty) `out` is the staging folder
+    renamed. An existing checkpoint folder (`overwrite`) keeps every file the export does
+    not write: only the exported files replace theirs (and an earlier export's weight
+    files go, as in transformers' `save_pretrained`), all put back if a move fails. On any
+    exception in the block, the staging folder is removed and `out` is left as it was.
 
     Example:
         >>> with output_folder("pruned") as staging:  # doctest: +SKIP
         ...     (staging / "config.json").write_text("{}")
     """
     path = check_output_folder(out, overwrite=overwrite, source=source, argument=argument)
+    shown = str(out)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
     except OSError as error:
         raise PathError(
-            f"{argument}: cannot create a folder beside {str(out)!r} ({error.strerror or error})",
-            path=str(out),
+            f"{argument}: cannot create a folder beside {shown!r} ({error.strerror or error})",
+            path=shown,
         ) from None
     try:
         yield staging
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private (0700).
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.rename(path, old / path.name)
-        try:
-            os.rename(staging, path)
-        except OSError:
-            if old is not None:
-                os.rename(old / path.name, path)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if path.is_dir() and any(path.iterdir()):
+            _place_files(staging, path, argument, shown)
+        else:
+            os.rename(staging, path)  # Replaces an empty folder.
     except OSError as error:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(error, PathError):
             raise
         raise PathError(
-            f"{argument}: writing {str(out)!r} failed ({error.strerror or error}); nothing was "
+            f"{argument}: writing {shown!r} failed ({error.strerror or error}); nothing was "
             "left there",
-            path=str(out),
+            path=shown,
         ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _umask() -> int:

@@ -38,6 +38,8 @@ import weakref
 import keras
 import numpy as np
 
+from keras_mha.cards.config_values import shown
+from keras_mha.errors import UsageError
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 
 CACHE_BUCKET = 64
@@ -217,63 +219,133 @@ def _choose(logits, temperature, top_k, top_p, rng):
 
 def _check_arguments(model, token_ids, max_new_tokens, temperature, top_k, top_p, padding_mask):
     from keras_mha.models.decoder import DecoderModel
-    from keras_mha.models.inputs import check_token_ids
+    from keras_mha.models.inputs import as_array, check_token_ids
 
     if not isinstance(model, DecoderModel):
-        raise ValueError(
-            f"model is a {type(model).__name__}; generate needs a causal LM (a DecoderModel "
-            f"from keras_mha.models.from_pretrained)"
+        name = type(model).__name__
+        article = "an" if name[:1].lower() in "aeiou" else "a"
+        raise UsageError(
+            f"model is {article} {name}; generate needs a causal LM (a DecoderModel "
+            f"from keras_mha.models.from_pretrained)",
+            key="model",
         )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}; expected a positive integer")
+        raise UsageError(
+            f"max_new_tokens={shown(max_new_tokens)}; expected a positive integer",
+            key="max_new_tokens",
+        )
     if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens}; expected a positive integer")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature={temperature!r}; expected a number >= 0")
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature!r}; expected a number >= 0")
+        raise UsageError(
+            f"max_new_tokens={max_new_tokens}; expected a positive integer", key="max_new_tokens"
+        )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float, np.integer, np.floating))
+        or not 0 <= temperature < float("inf")
+    ):
+        raise UsageError(
+            f"temperature={shown(temperature)}; expected a finite number >= 0", key="temperature"
+        )
     if top_k is not None and (
         isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k <= 0
     ):
-        raise ValueError(f"top_k={top_k!r}; expected a positive integer or None")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top_p={top_p!r}; expected a number in (0, 1] or None")
-    ids = np.asarray(keras.ops.convert_to_numpy(token_ids))
+        raise UsageError(f"top_k={shown(top_k)}; expected a positive integer or None", key="top_k")
+    if top_p is not None and (
+        isinstance(top_p, bool)
+        or not isinstance(top_p, (int, float, np.integer, np.floating))
+        or not 0 < top_p <= 1
+    ):
+        raise UsageError(f"top_p={shown(top_p)}; expected a number in (0, 1] or None", key="top_p")
+    ids = np.asarray(keras.ops.convert_to_numpy(as_array(token_ids, "token_ids")))
     if ids.ndim == 1:
         ids = ids[None]
     if ids.ndim != 2 or ids.shape[1] == 0:
-        raise ValueError(
-            f"token_ids has shape {ids.shape}; expected (batch, length) with length >= 1"
+        raise UsageError(
+            f"token_ids has shape {ids.shape}; expected (batch, length) with length >= 1",
+            key="token_ids",
         )
     check_token_ids(ids, model.vocab_size)
     if padding_mask is None:
         mask = np.ones(ids.shape, dtype=bool)
     else:
-        mask = np.asarray(keras.ops.convert_to_numpy(padding_mask)).astype(bool)
+        mask = np.asarray(keras.ops.convert_to_numpy(as_array(padding_mask, "padding_mask")))
+        mask = mask.astype(bool)
         if mask.ndim == 1:
             mask = mask[None]
         if mask.shape != ids.shape:
-            raise ValueError(
-                f"padding_mask has shape {mask.shape}; expected the shape of token_ids {ids.shape}"
+            raise UsageError(
+                f"padding_mask has shape {mask.shape}; expected the shape of token_ids {ids.shape}",
+                key="padding_mask",
             )
         if not mask[:, -1].all():
             row = int(np.argmin(mask[:, -1]))
-            raise ValueError(
+            raise UsageError(
                 f"padding_mask: row {row} ends with padding; generate needs left-padded "
-                f"prompts (padding at the start of short rows)"
+                f"prompts (padding at the start of short rows)",
+                key="padding_mask",
             )
+    _check_length(model, ids.shape, int(max_new_tokens))
     return ids.astype(np.int32), mask
+
+
+def _check_length(model, shape, max_new_tokens):
+    """Refuse more positions than the model has, or a KV cache the device cannot hold."""
+    from keras_mha.models.limits import check_memory, model_spec
+
+    spec = model_spec(model)
+    if spec is None:
+        return
+    batch, length = shape
+    positions = spec.max_position_embeddings
+    if positions is not None and length >= positions:
+        raise UsageError(
+            f"token_ids has {length} positions; this model has max_position_embeddings="
+            f"{positions}, which leaves no room for new tokens",
+            key="token_ids",
+            value=length,
+        )
+    if positions is not None and length + max_new_tokens > positions:
+        raise UsageError(
+            f"max_new_tokens={max_new_tokens}: with the prompt's {length} tokens that is "
+            f"{length + max_new_tokens} positions, past this model's max_position_embeddings="
+            f"{positions}; expected max_new_tokens <= {positions - length}",
+            key="max_new_tokens",
+            value=max_new_tokens,
+        )
+    check_memory(
+        spec,
+        batch=batch,
+        seq_len=length + max_new_tokens,
+        dtype=str(model.compute_dtype),
+        argument="token_ids / max_new_tokens",
+    )
 
 
 def _eos_ids(eos_token_id, vocab_size):
     if eos_token_id is None:
         return np.array([], dtype=np.int64)
-    ids = np.atleast_1d(np.asarray(eos_token_id))
-    if not np.issubdtype(ids.dtype, np.integer) or ((ids < 0) | (ids >= vocab_size)).any():
-        raise ValueError(
-            f"eos_token_id={eos_token_id!r}; expected token id(s) in [0, {vocab_size})"
+    try:
+        ids = np.atleast_1d(np.asarray(eos_token_id))
+    except ValueError:  # a ragged list
+        ids = np.array([], dtype=object)
+    if (
+        ids.ndim != 1
+        or not np.issubdtype(ids.dtype, np.integer)
+        or ((ids < 0) | (ids >= vocab_size)).any()
+    ):
+        raise UsageError(
+            f"eos_token_id={shown(eos_token_id)}; expected token id(s) in [0, {vocab_size})",
+            key="eos_token_id",
         )
     return ids
+
+
+def _generator(seed):
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
+    ):
+        raise UsageError(f"seed={shown(seed)}; expected a non-negative integer or None", key="seed")
+    return np.random.default_rng(seed)
 
 
 def generate(
@@ -309,8 +381,10 @@ def generate(
         tokens (`n < max_new_tokens` only when every row reached an EOS).
 
     Raises:
-        ValueError: a bad argument (non-positive `max_new_tokens`, ids outside the
-            vocabulary, a right-padded prompt, ...), named in the message.
+        UsageError (a ValueError): a bad argument (non-positive `max_new_tokens`, ids
+            outside the vocabulary, a ragged or right-padded prompt, a prompt plus
+            `max_new_tokens` longer than the model's `max_position_embeddings`, a KV cache
+            larger than the device's memory, ...), named in the message.
 
     Example:
         >>> generate(model, [[5, 6, 7]], max_new_tokens=2, temperature=0.8, seed=0)
@@ -321,7 +395,7 @@ def generate(
         model, token_ids, max_new_tokens, temperature, top_k, top_p, padding_mask
     )
     eos = _eos_ids(eos_token_id, model.vocab_size)
-    rng = np.random.default_rng(seed)
+    rng = _generator(seed)
     batch, length = ids.shape
     max_length = -(-(length + max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
     key_mask = np.ones((batch, max_length), dtype=bool)

@@ -19,17 +19,20 @@ Example:
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
-from keras_mha.cards.checkpoint_weights import (
+from keras_mha.cards.config_values import shown
+from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError, UsageError
+from keras_mha.models.families import activation_name, traits_for
+from keras_mha.models.local_files import file_in_folder
+from keras_mha.models.safetensors_reader import (
     INDEX_FILE_NAME,
     SINGLE_FILE_NAME,
     SafetensorsCheckpoint,
+    count_nonfinite,
+    read_weight_map,
 )
-from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError
-from keras_mha.models.families import activation_name, traits_for
 from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -53,7 +56,7 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         UnsupportedModelError: a family or feature keras_mha.models does not build.
 
     Example:
-        >>> from keras_mha.cards import load_config
+        >>> from keras_mha.hub import load_config
         >>> from keras_mha.cards.spec import from_config
         >>> spec = from_config(load_config("bundled:Qwen/Qwen2.5-0.5B").config)
         >>> build_model(spec).count_params()  # doctest: +SKIP
@@ -160,39 +163,44 @@ def _local_directory(source: str, revision) -> Path | None:
             f"config.json and {SINGLE_FILE_NAME} (or {INDEX_FILE_NAME} and its shards)",
             path=str(path),
         )
+    file_in_folder(path, "config.json")  # a symlink leading out of the folder is refused
     return path
 
 
-def _hub_checkpoint(source: str, revision, token) -> tuple[dict, Path]:
-    """(config, folder of the safetensors files) of a Hub id, through the HF cache."""
-    from keras_mha.cards.hub import load_config
+def _hub_checkpoint(source: str, revision, token, hub=None) -> tuple[dict, Path]:
+    """(config, folder of the safetensors files) of a Hub id, through the HF cache.
 
-    loaded = load_config(source, revision=revision, token=token)
+    `hub` holds `endpoint`, `offline` and `timeout` for `load_config` / `hub_file`."""
+    from keras_mha.hub.config import load_config
+    from keras_mha.hub.settings import offline_requested
+
+    hub = dict(hub or {})
+    loaded = load_config(source, revision=revision, token=token, **hub)
     if loaded.source != "hub":
+        offline = hub.get("offline")
+        if offline or (offline is None and offline_requested()):
+            why = "offline mode is on (--offline, HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)"
+        else:
+            reason = (loaded.note or "the Hub could not be reached").split("; answered from")[0]
+            why = f"{reason}"
         raise CheckpointError(
-            f"{source}: the Hub could not be reached and no cached checkpoint exists "
-            f"({loaded.note}); a bundled card has a config but no weights",
+            f"{source}: {why} and its weights are not in the HF cache; download them once "
+            f"online (`hf download {source}`, or run this again with the network) or pass a "
+            "local folder holding config.json and safetensors",
             model_id=source,
         )
-    from keras_mha.cards.hub_files import hub_file
+    from keras_mha.hub.files import hub_file
 
     # The commit the config came from: its files are fetched at that exact commit (and a
     # cached one is never fetched again); hub_file checks every name the server sends.
     commit = loaded.commit or revision
 
     def download(filename):
-        return hub_file(source, filename, revision=commit, token=token)
+        return hub_file(source, filename, revision=commit, token=token, **hub)
 
     index = download(INDEX_FILE_NAME)
     if index is not None:
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CheckpointError(
-                f"{source}: {INDEX_FILE_NAME} is not a safetensors index ({error})",
-                model_id=source,
-            ) from None
-        for shard in shards:
+        for shard in sorted(set(read_weight_map(index).values())):
             if Path(shard).name != shard or download(shard) is None:
                 raise CheckpointError(
                     f"{source}: shard {shard!r} named in {INDEX_FILE_NAME} could not be fetched",
@@ -247,7 +255,11 @@ def choose_dtype(config: dict, dtype: str | None) -> str:
     if dtype is not None:
         dtype = str(dtype)
         if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype={dtype!r}; expected one of {list(SUPPORTED_DTYPES)} or None")
+            raise UsageError(
+                f"dtype={shown(dtype)}; expected one of {list(SUPPORTED_DTYPES)} or None",
+                key="dtype",
+                value=dtype,
+            )
         return dtype
     declared = config.get("torch_dtype") or config.get("dtype")
     if isinstance(config.get("text_config"), dict):
@@ -352,6 +364,7 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     for rule in bound:
         variables = [resolve(model, path) for path in rule.variables]
         tensor = checkpoint.read(rule.hub_name)
+        _warn_if_nonfinite(checkpoint, rule.hub_name, tensor)
         values = rule.transform.to_keras(tensor, [tuple(v.shape) for v in variables])
         del tensor
         # A fused tensor's parts are views of one buffer: each variable gets its own copy.
@@ -364,6 +377,18 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     return sources
 
 
+def _warn_if_nonfinite(checkpoint: SafetensorsCheckpoint, key: str, tensor) -> None:
+    """A warning naming a tensor that holds NaN or infinite values (one pass over its bits)."""
+    count = count_nonfinite(tensor)
+    if count:
+        warnings.warn(
+            f"{checkpoint.file_of(key)}: tensor {key!r} holds {count} NaN or infinite "
+            f"value(s) of {tensor.size}; outputs that depend on it will be NaN or inf",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _return_freed_memory():
     """Give freed heap pages back to the OS (glibc keeps them otherwise, inflating RSS)."""
     try:
@@ -374,7 +399,9 @@ def _return_freed_memory():
         pass
 
 
-def from_pretrained(source, *, dtype=None, revision=None, token=None):
+def from_pretrained(
+    source, *, dtype=None, revision=None, token=None, endpoint=None, offline=None, timeout=None
+):
     """A Keras model of keras-mha layers from a Hub checkpoint.
 
     Args:
@@ -385,6 +412,8 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
             device computes it well (see `choose_dtype`), else float32.
         revision: Hub branch, tag or commit (Hub ids only).
         token: Hub token; None uses the stored login / `HF_TOKEN`.
+        endpoint, offline, timeout: Hub endpoint, offline mode and seconds per exchange,
+            as `keras_mha.hub.load_config` (None: the environment's / the default).
 
     Returns:
         A `DecoderModel` (causal LMs: logits `(B, T, vocab)`) or `EncoderModel` (BERT and
@@ -392,28 +421,39 @@ def from_pretrained(source, *, dtype=None, revision=None, token=None):
 
     Raises:
         CheckpointError: no config.json or safetensors; tensors missing, unexpected or of
-            a shape the config does not imply.
+            a shape the config does not imply; a malformed safetensors file or index; a
+            file that resolves outside the folder (a `..` shard name, a symlink leading
+            elsewhere).
         ConfigError: a config value that cannot be read.
         UnsupportedModelError: a family or feature keras_mha.models does not build.
+        UsageError: `source` or `dtype` is not one of the values expected.
+
+    Warns:
+        UserWarning: a tensor holds NaN or infinite values (named, with their count).
 
     Example:
         >>> model = from_pretrained("path/to/tiny-llama")  # doctest: +SKIP
         >>> model(np.array([[1, 2, 3]])).shape  # doctest: +SKIP
         (1, 3, 100)
     """
-    from keras_mha.cards.hub import read_config_file
     from keras_mha.cards.spec import from_config
+    from keras_mha.hub.config import read_config_file
     from keras_mha.models.deferred import deferred_variables
 
     if not isinstance(source, (str, Path)) or not str(source).strip():
-        raise ValueError(f"source={source!r}; expected a local folder or a Hub model id")
+        raise UsageError(
+            f"source={shown(source)}; expected a local folder or a Hub model id", key="source"
+        )
     source = str(source).strip()
     directory = _local_directory(source, revision)
     if directory is not None:
         config = read_config_file(directory / "config.json", described_as=str(directory))
         SafetensorsCheckpoint(directory)  # a folder without safetensors fails before building
     else:
-        config, directory = _hub_checkpoint(source, revision, token)
+        hub = {"endpoint": endpoint, "offline": offline}
+        if timeout is not None:
+            hub["timeout"] = timeout
+        config, directory = _hub_checkpoint(source, revision, token, hub)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown families are refused below, by name
         try:

@@ -15,7 +15,7 @@ is the only backend-specific code of the pruning package:
   gate variable to a leaf tensor with `requires_grad=True`; `torch.autograd.grad`.
 - TensorFlow: the same scope with gate tensors watched by a `tf.GradientTape`.
 
-`tests/test_pruning_gradients.py` checks each branch against central finite
+`tests/pruning/test_gradients.py` checks each branch against central finite
 differences (taken by writing the gate variables and running plain forward
 passes) and the three branches against each other.
 """
@@ -98,8 +98,14 @@ class GateLoss:
     def _torch_gradients(self, gate_values, x, y, sample_weight):
         import torch
 
+        # Through float32: torch cannot read NumPy's bfloat16 (ml_dtypes) arrays.
         leaves = [
-            torch.tensor(value, device=variable.value.device, requires_grad=True)
+            torch.tensor(
+                np.asarray(value, dtype=np.float32),
+                dtype=variable.value.dtype,
+                device=variable.value.device,
+                requires_grad=True,
+            )
             for variable, value in zip(self.gate_variables, gate_values, strict=True)
         ]
         with torch.enable_grad():

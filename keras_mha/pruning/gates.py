@@ -19,6 +19,7 @@ themselves, so nothing is needed.
 from __future__ import annotations
 
 import keras
+import ml_dtypes
 import numpy as np
 
 from keras_mha.errors import PruningError
@@ -81,7 +82,9 @@ def set_head_gates(model, gates):
             )
         raw = np.asarray(values)
         expected = (layers[path].num_heads,)
-        if raw.shape != expected or raw.dtype.kind not in "biuf":
+        # bfloat16 is what get_head_gates returns for a bfloat16 model.
+        numeric = raw.dtype.kind in "biuf" or raw.dtype == ml_dtypes.bfloat16
+        if raw.shape != expected or not numeric:
             raise PruningError(
                 f"`gates[{path!r}]` has shape {raw.shape}; expected {expected} (one gate per "
                 f"query head, a number; received dtype {raw.dtype}).",

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from keras_mha.cli import main
+from tests.cli.test_prune import write_tiny_checkpoints
 from tests.conversion.texts import shipped_text
-from tests.test_prune_cli import write_tiny_checkpoints
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

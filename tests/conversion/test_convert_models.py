@@ -12,7 +12,7 @@ from keras_mha.layers import GroupedQueryAttention, MultiQueryAttention
 from keras_mha.pruning import find_attention_layers
 from tests.conversion.texts import shipped_text
 from tests.models_checkpoints import checkpoint
-from tests.test_pruning_models import (
+from tests.pruning.test_models import (
     SEQUENCE_LENGTH,
     all_variables,
     assert_untouched,

@@ -1,0 +1,68 @@
+"""The measurement harness of keras-mha: run from a source checkout, not shipped in the wheel.
+
+    keras-mha bench [layers|model|inspect|roofline] [ARGS...]   # or: python -m benchmarks
+
+- `layers` (`layers.py`, with `backends.py` for what differs per backend): the attention
+  layers against Keras, keras-hub and the backend's fused kernel (the default);
+- `model` (`models.py`): whole-model prefill and decode tokens/s, beside transformers;
+- `inspect` (`startup.py`): `keras-mha inspect` and `compare` from a cold process;
+- `roofline` (`roofline.py`): measured decode tokens/s against the planner's speed bound
+  on this CPU (its measured copy bandwidth).
+
+`BENCHMARKS` names each benchmark's module and entry point (a function taking the
+argument list and returning the exit status); `keras_mha.commands.bench` dispatches on it.
+
+Example:
+    >>> from benchmarks import BENCHMARKS
+    >>> sorted(BENCHMARKS)
+    ['inspect', 'layers', 'model', 'roofline']
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The repository root: put on a worker's PYTHONPATH, so `python -m benchmarks.layers`
+#: finds the harness from any working directory.
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: `module.function(argv) -> exit status`, and a line of help."""
+
+    module: str
+    function: str
+    help: str
+
+
+BENCHMARKS = {
+    "layers": Benchmark(
+        "benchmarks.layers",
+        "main",
+        "attention layers against Keras, keras-hub and the backend's fused kernel (the default)",
+    ),
+    "model": Benchmark("benchmarks.models", "run_model_benchmark", "whole models (generate)"),
+    "inspect": Benchmark(
+        "benchmarks.startup", "main", "`inspect` and `compare` from a cold process (no backend)"
+    ),
+    "roofline": Benchmark(
+        "benchmarks.roofline",
+        "main",
+        "measured decode tokens/s against the planner's bound with this CPU's bandwidth",
+    ),
+}
+DEFAULT_BENCHMARK = "layers"
+
+
+def worker_environment() -> dict[str, str]:
+    """`os.environ` with the checkout first on PYTHONPATH, for a benchmark's worker process.
+
+    Example:
+        >>> worker_environment()["PYTHONPATH"].split(os.pathsep)[0] == str(CHECKOUT)
+        True
+    """
+    python_path = [str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(python_path)}

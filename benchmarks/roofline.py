@@ -1,0 +1,124 @@
+"""`keras-mha bench roofline`: the planner's decode speed bound against a measured decode, on
+this machine's CPU.
+
+1. Measures the CPU's memory bandwidth as STREAM's copy does (`np.copyto` of a 256 MiB
+   float32 array into another, bytes read plus bytes written over the median time) and
+   its float32 matmul peak (a 2048 x 2048 matmul).
+2. Runs `keras-mha bench model` (a scaled Llama-3.2-1B in float32 by default, batch 1, no
+   transformers) on the current Keras backend for its decode tokens/s.
+3. Computes the planner's bound for the same config on a "device" with the measured
+   bandwidth and peak (`keras_mha.cards.planner.speed`), at the mean context of the
+   decode (prompt + half the new tokens), float32 weights and KV cache.
+
+It prints the three figures and `measured / bound`: the share of the bandwidth roofline
+the decode loop reaches. A ratio above 1 would mean the bound is wrong.
+
+Example:
+    KERAS_BACKEND=jax keras-mha bench roofline --scale 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from benchmarks.models import median_seconds
+
+COPY_BYTES = 256 * 2**20
+MATMUL_SIZE = 2048
+
+
+def copy_bandwidth(size_bytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """Bytes per second of `np.copyto` (read + write), STREAM-copy style."""
+    import numpy as np
+
+    source = np.ones(size_bytes // 4, dtype="float32")
+    target = np.empty_like(source)
+    return 2 * size_bytes / median_seconds(lambda: np.copyto(target, source), repeats)
+
+
+def matmul_flops(size: int = MATMUL_SIZE, repeats: int = 5) -> float:
+    """FLOP/s of a float32 `size x size` matmul (NumPy's BLAS, all cores)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((size, size), dtype="float32")
+    return 2 * size**3 / median_seconds(lambda: a @ a, repeats)
+
+
+def bound(config: dict, *, bandwidth: float, flops: float, batch: int, seq_len: int):
+    """The planner's `SpeedBounds` for `config` on a CPU of this bandwidth and peak."""
+    from keras_mha.cards.planner.gpus import GPU
+    from keras_mha.cards.planner.quantization import dtype_format
+    from keras_mha.cards.planner.serving import ServingModel
+    from keras_mha.cards.planner.speed import speed_bounds
+    from keras_mha.cards.spec import from_config
+
+    spec = from_config(config)
+    cpu = GPU("this CPU", 2**40, "measured", (), round(bandwidth), flops, None, "float32",
+              "measured by keras-mha bench roofline")  # fmt: skip
+    serving = ServingModel(spec, weights_format=dtype_format("float32"), kv_dtype="float32",
+                           compute_dtype="float32")  # fmt: skip
+    return speed_bounds(serving, cpu, batch=batch, seq_len=seq_len)
+
+
+def main(argv=None) -> int:
+    """Entry point of `keras-mha bench roofline`; returns the exit code."""
+    from benchmarks import models
+
+    parser = argparse.ArgumentParser(
+        prog="keras-mha bench roofline",
+        description="Measured decode tokens/s of `bench model` against the planner's "
+        "bandwidth bound with this CPU's measured copy bandwidth.",
+    )
+    parser.add_argument("--card", default=models.DEFAULT_CARD)
+    parser.add_argument("--scale", type=int, default=4)
+    parser.add_argument("--prompt-length", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    arguments = parser.parse_args(argv)
+    model_arguments = models.parse_args(
+        ["--card", arguments.card, "--scale", str(arguments.scale), "--prompt-length",
+         str(arguments.prompt_length), "--new-tokens", str(arguments.new_tokens),
+         "--repeats", str(arguments.repeats), "--no-transformers"]
+    )  # fmt: skip
+    bandwidth = copy_bandwidth()
+    flops = matmul_flops()
+    results = models.model_results(model_arguments)
+    measured = results["keras_mha"]["decode_tokens_per_second"]
+    context = arguments.prompt_length + arguments.new_tokens // 2
+    limits = bound(results["config"], bandwidth=bandwidth, flops=flops, batch=1,
+                   seq_len=context)  # fmt: skip
+    report = {
+        "card": arguments.card,
+        "scale": arguments.scale,
+        "parameters": results["parameters"],
+        "backend": results["keras_mha"]["backend"],
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "matmul_flops": flops,
+        "decode_context": context,
+        "decode_bytes_per_step": limits.decode_bytes_per_step,
+        "bound_tokens_per_s": limits.decode_tokens_per_s,
+        "bound_limited_by": limits.decode_limited_by,
+        "measured_tokens_per_s": measured,
+        "measured_over_bound": measured / limits.decode_tokens_per_s,
+    }
+    if arguments.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(
+        f"{arguments.card} / {arguments.scale}: {results['parameters'] / 1e6:.1f}M parameters "
+        f"in float32, decode at {context} tokens of context, {report['backend']} backend"
+    )
+    print(f"  copy bandwidth (read + write)  {bandwidth / 1e9:8.2f} GB/s")
+    print(f"  float32 matmul peak            {flops / 1e9:8.1f} GFLOPS")
+    print(f"  bytes read per decode step     {limits.decode_bytes_per_step / 1e6:8.2f} MB")
+    print(f"  bound (planner)                {limits.decode_tokens_per_s:8.1f} tokens/s "
+          f"({limits.decode_limited_by})")  # fmt: skip
+    print(f"  measured (bench model)         {measured:8.1f} tokens/s")
+    print(f"  measured / bound               {report['measured_over_bound']:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,12 @@
+"""The `inspect` report: built from a `ModelSpec` and rendered as a table, JSON or markdown.
+
+- `report.py`: `build_report` (the JSON object) and `render_table` / `render_markdown`.
+- `memory_report.py`: the planner's section of the report (`--gpu` / `--memory`).
+- `formatting.py`: counts, bytes, durations and rates as the reports print them.
+- `text.py`: aligned columns and lines wrapped to the terminal's width.
+
+Example:
+    >>> from keras_mha.cards.rendering.formatting import format_bytes
+    >>> format_bytes(1073741824)
+    '1.00 GiB'
+"""

@@ -1,0 +1,86 @@
+"""The attention kernels against each other: blockwise causal, fused, generic."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_mha.layers import GroupedQueryAttention, attention_kernels
+from tests.layers.test_reference import random_inputs, randomise
+from tests.reference import attention_numpy
+
+
+def tensor(*shape, seed=0):
+    return ops.convert_to_tensor(random_inputs(*shape, seed=seed))
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (4, 1)])
+@pytest.mark.parametrize("length", [600, 257])
+def test_blockwise_causal_equals_generic_causal(num_heads, num_kv_heads, length):
+    """Including a last block shorter than the others (600 = 4 * 128 + 88)."""
+    query = tensor(2, length, num_heads, 8)
+    key, value = (
+        tensor(2, length, num_kv_heads, 8, seed=1),
+        tensor(2, length, num_kv_heads, 8, seed=2),
+    )
+    mask = attention_kernels.causal_mask_for(query, key)
+    expected = attention_kernels.grouped_attention(query, key, value, mask, scale=0.3)
+    got = attention_kernels.blockwise_causal_attention(query, key, value, scale=0.3, block_size=128)
+    np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5)
+
+
+def test_blockwise_block_size_keeps_query_rows_per_matmul_near_256():
+    sizes = [attention_kernels.causal_block_size(groups) for groups in (1, 2, 4, 8, 16)]
+    assert sizes == [128, 128, 64, 32, 32]
+
+
+def test_blockwise_causal_in_bfloat16_matches_float32(dtype="bfloat16"):
+    """Default blocks (4 groups: 64, 64, 22); 16-bit results equal float32 to their precision."""
+    query, key, value = (
+        tensor(1, 150, 4, 8),
+        tensor(1, 150, 1, 8, seed=1),
+        tensor(1, 150, 1, 8, seed=2),
+    )
+    mask = attention_kernels.causal_mask_for(query, key)
+    expected = attention_kernels.grouped_attention(query, key, value, mask, scale=0.3)
+    half = [ops.cast(t, dtype) for t in (query, key, value)]
+    got = attention_kernels.blockwise_causal_attention(*half, scale=0.3)
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(ops.cast(got, "float32")), ops.convert_to_numpy(expected), atol=3e-2
+    )
+
+
+def test_layer_uses_blockwise_path_where_preferred_and_matches_numpy():
+    length = 4 * attention_kernels.CAUSAL_BLOCK_SIZE + 40
+    x = random_inputs(1, length, 16)
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    randomise(layer)
+    query = ops.zeros((1, length, 4, 4))
+    expected_choice = keras.backend.backend() == "tensorflow" or (
+        keras.backend.backend() == "jax" and __import__("jax").default_backend() == "cpu"
+    )
+    assert attention_kernels.prefers_blockwise_causal(query, query) == expected_choice
+    expected, _ = attention_numpy(layer, x, causal=True)
+    np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), expected, atol=1e-5)
+
+
+def test_blockwise_is_not_used_for_short_or_cross_attention():
+    short = ops.zeros((1, 100, 4, 8))
+    long = ops.zeros((1, 1024, 4, 8))
+    assert not attention_kernels.prefers_blockwise_causal(short, short)
+    assert not attention_kernels.prefers_blockwise_causal(long, ops.zeros((1, 900, 4, 8)))
+
+
+def test_fused_without_empty_row_guard_matches_for_causal_masks():
+    query = tensor(1, 9, 4, 8)
+    key = tensor(1, 9, 2, 8, seed=3)
+    mask = attention_kernels.causal_mask_for(query, key)
+    guarded = attention_kernels.fused_attention(query, key, key, mask, scale=0.2)
+    unguarded = attention_kernels.fused_attention(
+        query, key, key, mask, scale=0.2, rows_may_be_empty=False
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(unguarded), ops.convert_to_numpy(guarded), atol=1e-6
+    )

@@ -1,0 +1,182 @@
+"""The package's import graph: no cycles, and the cost side never imports keras or a backend.
+
+The graph is read from the source (the AST of every module, `import x` and
+`from x import y`, inside functions too), so an import deferred into a function to dodge
+a cycle is still an edge and still fails here.
+"""
+
+import ast
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from keras_mha.moved_paths import MOVED_MODULES, MOVED_NAMES
+
+pytestmark = pytest.mark.backend_independent
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "keras_mha"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
+
+
+@functools.cache
+def _syntax_tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def import_statements(name: str, path: Path) -> list[tuple[str, str | None]]:
+    """Every import in the module's source as (module, name): `import a.b` is ("a.b", None),
+    `from a import b` is ("a", "b"); relative imports resolved against the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(_syntax_tree(path)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found += [(base, alias.name) for alias in node.names]
+    return found
+
+
+def imported_modules(name: str, path: Path, modules) -> set[str]:
+    """The package's modules that `name` imports anywhere in its source (parents of a
+    module imported by its full name are not counted: importing `a.b.c` runs `a/__init__`,
+    which is not an import *by* this module)."""
+    found = set()
+    for module, imported_name in import_statements(name, path):
+        submodule = f"{module}.{imported_name}"
+        found.add(submodule if imported_name and submodule in modules else module)
+    return {imported for imported in found if imported in modules and imported != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each as a list."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_reader_sees_deferred_and_relative_imports(tmp_path):
+    modules = {"keras_mha.a", "keras_mha.b", "keras_mha.c", "keras_mha.d"}
+    source = tmp_path / "a.py"
+    source.write_text(
+        "from keras_mha import b\n"
+        "def f():\n"
+        "    from .c import thing\n"
+        "    import keras_mha.d\n"
+        "    import json\n"
+    )
+    assert imported_modules("keras_mha.a", source, modules) == {
+        "keras_mha.b",
+        "keras_mha.c",
+        "keras_mha.d",
+    }
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles_in_the_package():
+    assert cycles(import_graph()) == []
+
+
+def test_nothing_in_the_checkout_imports_through_a_moved_path():
+    root = PACKAGE_ROOT.parent
+    sources = [root / folder for folder in ("keras_mha", "benchmarks", "tools")]
+    through_old_paths = [
+        f"{path.relative_to(root)}: {module}{'.' + name if name else ''}"
+        for folder in sources
+        for path in sorted(folder.rglob("*.py"))
+        for module, name in import_statements(module_name(path), path)
+        if module in MOVED_MODULES or name in MOVED_NAMES.get(module, {})
+    ]
+    assert through_old_paths == []
+
+
+# -- the cost side: no keras, no backend -----------------------------------------------------
+
+HEAVY = ["keras", "tensorflow", "jax", "torch", "transformers", "numpy", "huggingface_hub"]
+# `typing` costs a few ms at import; inspect's start-up does without it.
+STARTUP_HEAVY = [*HEAVY, "typing"]
+# `keras-mha inspect`'s side of the package: every module of these is imported.
+COST_SIDE = ("keras_mha.hub", "keras_mha.cards.planner", "keras_mha.cards.rendering")
+COST_SIDE_MODULES = (
+    "keras_mha.cards",
+    "keras_mha.cards.spec",
+    "keras_mha.cards.costs",
+    "keras_mha.cards.plan",
+)
+
+_PROBE = """
+import importlib, json, sys
+from keras_mha.cli import main
+exit_code = main(["inspect", "bundled:meta-llama/Meta-Llama-3-8B", "--gpu", "H100",
+                  "--format", "json"])
+after_inspect = sorted({{name.split(".")[0] for name in sys.modules}} & set({startup_heavy!r}))
+import pkgutil
+for package in {packages!r}:
+    module = importlib.import_module(package)
+    for info in pkgutil.walk_packages(module.__path__, package + "."):
+        importlib.import_module(info.name)
+for name in {modules!r}:
+    importlib.import_module(name)
+heavy = sorted({{name.split(".")[0] for name in sys.modules}} & set({heavy!r}))
+sys.stderr.write(json.dumps({{"exit_code": exit_code, "inspect": after_inspect, "all": heavy}}))
+"""
+
+
+def test_the_cost_side_and_inspect_import_no_keras_backend_or_hub():
+    # A DeprecationWarning is an error: the new paths never go through a moved one.
+    probe = _PROBE.format(
+        packages=COST_SIDE, modules=COST_SIDE_MODULES, heavy=HEAVY, startup_heavy=STARTUP_HEAVY
+    )
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    result = json.loads(completed.stderr.splitlines()[-1])
+    assert result == {"exit_code": 0, "inspect": [], "all": []}
