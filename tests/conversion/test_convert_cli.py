@@ -162,6 +162,12 @@ def test_encoder_converts_in_keras_and_says_why_it_is_not_a_hub_checkpoint(
             "--held-out: '1.5' is out of range",
         ),
         ("decoder", ["--kv-heads", "2", "--data", "missing.txt"], 14, "does not exist"),
+        (
+            "decoder",
+            ["--kv-heads", "2", "--seq-len", "4096"],
+            2,
+            "--seq-len 4096: this model has max_position_embeddings=128",
+        ),
         ("encoder", ["--kv-heads", "2", "--data", "TEXT", "--steps", "2"], 2, "is an encoder"),
     ],
 )
@@ -186,3 +192,12 @@ def test_existing_output_folder_is_refused(sources, tmp_path, capsys):
     assert main(["convert", str(sources["decoder"]), "--kv-heads", "2", "--out", str(out)]) == 14
     assert "--out" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.backend_independent
+def test_output_inside_the_source_is_refused(sources, capsys):
+    out = sources["decoder"] / "gqa"
+    assert main(["convert", str(sources["decoder"]), "--kv-heads", "2", "--out", str(out)]) == 14
+    error = capsys.readouterr().err
+    assert error.startswith("keras-mha: error: --out") and error.count("\n") == 1, error
+    assert not out.exists()
