@@ -25,7 +25,8 @@ Example:
 
 from __future__ import annotations
 
-from keras_mha.cards.report import format_bytes, markdown_text, terminal_text
+from keras_mha.cards.rendering.formatting import format_bytes
+from keras_mha.cards.rendering.report import markdown_text, terminal_text
 
 QUALITY_LABELS = {
     "perplexity": "perplexity (held out)",
@@ -59,14 +60,14 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     """The cost model's KV cache for `config` before and after the conversion.
 
     Returns the report's `kv_cache` entry: bytes per token and at the model's context
-    length (its config's, else `keras_mha.cards.report.default_seq_len`), batch 1.
+    length (its config's, else `keras_mha.cards.rendering.report.default_seq_len`), batch 1.
 
     Example:
         >>> kv_cache_figures(llama_config, 8, kv_dtype="bfloat16")["after"]  # doctest: +SKIP
         {'bytes_per_token': 131072, 'bytes_at_context': 1073741824}
     """
     from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.report import context_length, default_seq_len
+    from keras_mha.cards.rendering.report import context_length, default_seq_len
     from keras_mha.cards.spec import from_config
 
     entry = {"dtype": kv_dtype}

@@ -71,10 +71,9 @@ def check_kv_conversion(layer, num_key_value_heads, method="mean", *, where=None
         Traceback (most recent call last):
         PruningError: `num_key_value_heads`=3 does not divide the layer's 4 KV heads; ...
     """
-    from keras_mha.layers.grouped_query_attention import GroupedQueryAttention
-    from keras_mha.layers.multi_head_attention import MultiHeadAttention
-    from keras_mha.layers.multi_query_attention import MultiQueryAttention
-
+    GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention = map(
+        _attention_class, ("GroupedQueryAttention", "MultiHeadAttention", "MultiQueryAttention")
+    )
     name = f"layer {where!r}" if where else f"layer {getattr(layer, 'name', '')!r}"
     if method not in METHODS:
         raise PruningError(
@@ -91,7 +90,7 @@ def check_kv_conversion(layer, num_key_value_heads, method="mean", *, where=None
             key="num_key_value_heads",
             value=target,
         )
-    if not isinstance(layer, GroupedQueryAttention):
+    if GroupedQueryAttention is None or not isinstance(layer, GroupedQueryAttention):
         raise PruningError(
             f"{name} is a {type(layer).__name__}; expected a keras_mha GroupedQueryAttention "
             "(or MultiHeadAttention / MultiQueryAttention).",
@@ -132,6 +131,15 @@ def check_kv_conversion(layer, num_key_value_heads, method="mean", *, where=None
         "load back from .keras; expected a GroupedQueryAttention (or a subclass of it).",
         key="layer",
     )
+
+
+def _attention_class(name):
+    """A keras_mha attention class by the name it is registered under for `.keras` files
+    (None before `keras_mha.layers` is imported): the layer classes call this module, so
+    importing them here would be an import cycle."""
+    import keras
+
+    return keras.saving.get_registered_object(f"keras_mha>{name}")
 
 
 def kv_groups(num_key_value_heads, target):
