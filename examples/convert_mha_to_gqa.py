@@ -20,9 +20,11 @@ conversion is one `keras-mha convert` command, whose JSON report is collected.
    sentence embeddings) on the first 24,000 tokens' sentences; the mean cosine of
    held-out sentence embeddings to the original's is read before and after.
 
-Prints two markdown tables (the ones in docs/guides/mha-to-gqa.md). On 2 CPU cores the
-decoder part takes about 10 minutes and the MiniLM part about 5 (`--skip-decoder`,
-`--skip-minilm` run one); `--fast` is a smoke test of a minute or two:
+Prints two markdown tables (the ones in docs/guides/mha-to-gqa.md). On 2 CPU cores
+shared with other jobs the decoder part took 50 minutes (34 of them pre-training) and
+the MiniLM part 35; a quiet machine is several times faster. `--skip-decoder` and
+`--skip-minilm` run one part, `--decoder-source` reuses a pre-trained decoder, and
+`--fast` is a smoke test of a minute or two:
 
     KERAS_BACKEND=jax python examples/convert_mha_to_gqa.py
     KERAS_BACKEND=jax python examples/convert_mha_to_gqa.py --fast
