@@ -172,7 +172,7 @@ def replace_head_variables(layer, values, *, num_heads, num_key_value_heads):
     Example:
         >>> values = head_variable_values(layer)  # doctest: +SKIP
         >>> values["key_kernel"] = values["key_kernel"][:, :1]  # doctest: +SKIP
-        >>> ...  # the same for the other KV-head variables
+        >>> ...  # the same for the other KV-head variables  # doctest: +SKIP
         >>> replace_head_variables(layer, values, num_heads=4, num_key_value_heads=1)
         ... # doctest: +SKIP
     """
