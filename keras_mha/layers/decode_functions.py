@@ -98,10 +98,15 @@ def _jax_step(owner, traced):
 
     compiled = jax.jit(stateless, donate_argnums=(3,))
 
-    def step(inputs, mask, caches, index):
+    def arguments(inputs, mask, caches, index):
         index = np.int32(index) if _is_int(index) else index
-        return compiled(_values(owner.variables), inputs, mask, caches, index)
+        return _values(owner.variables), inputs, mask, caches, index
 
+    def step(inputs, mask, caches, index):
+        return compiled(*arguments(inputs, mask, caches, index))
+
+    # `step.lower(...).compile().as_text()`: the optimised HLO, to check what XLA copies.
+    step.lower = lambda *args: compiled.lower(*arguments(*args))
     return step
 
 
