@@ -108,6 +108,21 @@ def applies(query):
     return jax.default_backend() == "cpu"
 
 
+def _grouped(query, key, mask, scale):
+    """`(queries (B, Hkv, G, D) scaled, mask (B|1, 1|Hkv, 1|G, S) or None)` of one token."""
+    batch = ops.shape(query)[0]
+    num_heads, head_dim = query.shape[2], query.shape[3]
+    kv_heads, max_length = key.shape[1], key.shape[2]
+    groups = num_heads // kv_heads
+    grouped = ops.reshape(query * ops.cast(scale, query.dtype), (batch, kv_heads, groups, head_dim))
+    if mask is None:
+        return grouped, None
+    # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S), the query axis folded away.
+    if mask.shape[1] == 1:
+        return grouped, mask[:, :, :1]
+    return grouped, ops.reshape(mask, (ops.shape(mask)[0], kv_heads, groups, max_length))
+
+
 def single_query_attention(
     query, new_key, new_value, key, value, mask, *, position, scale, rows_may_be_empty=True
 ):
@@ -140,11 +155,9 @@ def single_query_attention(
         >>> single_query_attention(q, new, new, k, k, None, position=5, scale=0.25).shape
         (1, 1, 8, 16)
     """
-    batch = ops.shape(query)[0]
-    num_heads, head_dim = query.shape[2], query.shape[3]
-    kv_heads, max_length = key.shape[1], key.shape[2]
-    groups = num_heads // kv_heads
-    grouped = ops.reshape(query * ops.cast(scale, query.dtype), (batch, kv_heads, groups, head_dim))
+    batch, num_heads = ops.shape(query)[0], query.shape[2]
+    max_length = key.shape[2]
+    grouped, grouped_mask = _grouped(query, key, mask, scale)
     # (B, Hkv, G, S) over the old cache and (B, Hkv, G, 1) for the new key.
     logits = ops.cast(ops.einsum("bkgd,bksd->bkgs", grouped, key), "float32")
     new_key = ops.transpose(new_key, (0, 2, 1, 3))
@@ -152,12 +165,7 @@ def single_query_attention(
     position = ops.cast(position, "int32")
     old_allowed = ops.arange(max_length, dtype="int32") != position
     new_allowed = None
-    if mask is not None:
-        # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S), the query axis folded away.
-        if mask.shape[1] == 1:
-            grouped_mask = mask[:, :, :1]
-        else:
-            grouped_mask = ops.reshape(mask, (ops.shape(mask)[0], kv_heads, groups, max_length))
+    if grouped_mask is not None:
         old_allowed = ops.logical_and(grouped_mask, old_allowed)
         new_allowed = ops.take(grouped_mask, ops.reshape(position, (1,)), axis=-1)
         new_logit = ops.where(new_allowed, new_logit, _MASKED_LOGIT)
@@ -168,7 +176,7 @@ def single_query_attention(
     attended = ops.einsum("bkgs,bksd->bkgd", ops.cast(weights, value.dtype), value)
     new_value = ops.transpose(new_value, (0, 2, 1, 3))
     output = (ops.cast(attended, "float32") + new_weight * ops.cast(new_value, "float32")) / total
-    if mask is not None and rows_may_be_empty:
+    if grouped_mask is not None and rows_may_be_empty:
         # A row with nothing to attend would otherwise average every value.
         has_key = ops.logical_or(ops.any(old_allowed, axis=-1, keepdims=True), new_allowed)
         output = ops.where(has_key, output, 0.0)
@@ -231,19 +239,9 @@ def two_fusion_attention(query, key, value, mask, *, scale, rows_may_be_empty=Tr
         >>> two_fusion_attention(q, k, k, None, scale=0.25).shape
         (1, 1, 8, 16)
     """
-    batch = ops.shape(query)[0]
-    num_heads, head_dim = query.shape[2], query.shape[3]
-    kv_heads, max_length = key.shape[1], key.shape[2]
-    groups = num_heads // kv_heads
-    grouped = ops.reshape(query * ops.cast(scale, query.dtype), (batch, kv_heads, groups, head_dim))
-    bias = grouped_mask = None
-    if mask is not None:
-        # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S), the query axis folded away.
-        if mask.shape[1] == 1:
-            grouped_mask = mask[:, :, :1]
-        else:
-            grouped_mask = ops.reshape(mask, (ops.shape(mask)[0], kv_heads, groups, max_length))
-        bias = ops.where(grouped_mask, 0.0, _MASKED_LOGIT)
+    batch, num_heads = ops.shape(query)[0], query.shape[2]
+    grouped, grouped_mask = _grouped(query, key, mask, scale)
+    bias = None if grouped_mask is None else ops.where(grouped_mask, 0.0, _MASKED_LOGIT)
     numerator = _weighted_values(grouped, key, value, bias)
     total = _softmax_total(grouped, key, bias)
     output = ops.cast(numerator, "float32") / total
