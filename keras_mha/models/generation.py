@@ -67,10 +67,13 @@ class _CompiledDecoder:
         }
         self._prefill, self._step = self._make()
 
-    # The model's forward on the cache; `index` is 0 for prefill.
+    # The model's forward on the cache; `index` is 0 for prefill. Only the last
+    # position's logits are computed: the LM head over the whole prompt is wasted work.
     def _forward(self, token_ids, key_mask, caches, index):
-        logits, caches = self.model.call_with_cache(token_ids, key_mask, caches, index)
-        return keras.ops.cast(logits[:, -1], "float32"), caches
+        logits, caches = self.model.call_with_cache(
+            token_ids, key_mask, caches, index, logits_to_keep=1
+        )
+        return keras.ops.cast(logits[:, 0], "float32"), caches
 
     def _make(self):
         if self.backend == "jax":
