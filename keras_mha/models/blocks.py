@@ -17,7 +17,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_mha.models.direct_calls import run
+from keras_mha.models.direct_calls import activate, run
 from keras_mha.models.families import ACTIVATIONS
 
 
@@ -183,7 +183,7 @@ class DecoderBlock(keras.layers.Layer):
             attended = run(self.post_attention_norm, attended)
         hidden = inputs + attended
         normed = run(self.mlp_norm, hidden)
-        gate = self._activation_fn(run(self.gate_proj, normed))
+        gate = activate(self.activation, self._activation_fn, run(self.gate_proj, normed))
         mlp = run(self.down_proj, gate * run(self.up_proj, normed))
         if self.post_mlp_norm is not None:
             mlp = run(self.post_mlp_norm, mlp)

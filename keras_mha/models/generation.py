@@ -41,6 +41,7 @@ import numpy as np
 from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
+from keras_mha.models.eager_torch import eager_calls
 
 CACHE_BUCKET = 64
 
@@ -144,7 +145,7 @@ class _CompiledDecoder:
 
         def eager(kind):
             def function(token_ids, key_mask, caches, index):
-                with torch.no_grad(), direct_calls(direct):
+                with torch.no_grad(), direct_calls(direct, eager_calls()):
                     return self._forward(token_ids, key_mask, caches, index)
 
             if not self.compile_torch:
