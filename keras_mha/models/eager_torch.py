@@ -22,36 +22,48 @@ from __future__ import annotations
 import functools
 
 import keras
+from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
 from keras_mha.models.blocks import RMSNorm
 from keras_mha.models.direct_calls import EagerCalls
 from keras_mha.models.families import ACTIVATIONS
 
 
-def _same_dtype(inputs, *variables):
-    return all(v is None or v.value.dtype == inputs.dtype for v in variables)
+def _tensor(variable):
+    """The variable's tensor: what `variable.value` gives outside Keras's autocast,
+    stateless and symbolic scopes (`eager_calls` is None inside them)."""
+    value = variable._value
+    return variable.value if value is None else value
 
 
 def dense(layer, inputs, training=None):
     """`keras.layers.Dense.call`: `matmul(x, kernel) + bias` (torch.matmul, as Keras)."""
+    # `_kernel`: the `kernel` property's checks (quantization, LoRA) cost more than the
+    # matmul of a decode step; a layer they would change takes its own `call`.
+    kernel = getattr(layer, "_kernel", None)
     if (
-        layer.lora_enabled
+        kernel is None
+        or layer.lora_enabled
+        or layer.quantization_mode is not None
         or layer.activation is not keras.activations.linear
-        or not _same_dtype(inputs, layer.kernel, layer.bias)
     ):
         return layer.call(inputs)
     import torch
 
-    outputs = torch.matmul(inputs, layer.kernel.value)
-    return outputs if layer.bias is None else outputs + layer.bias.value
+    kernel = _tensor(kernel)
+    bias = None if layer.bias is None else _tensor(layer.bias)
+    if kernel.dtype != inputs.dtype or (bias is not None and bias.dtype != inputs.dtype):
+        return layer.call(inputs)
+    outputs = torch.matmul(inputs, kernel)
+    return outputs if bias is None else outputs + bias
 
 
 def embedding(layer, inputs):
     """`keras.layers.Embedding.call`: a row lookup (ids are checked on entry)."""
     import torch
 
-    table = layer.embeddings.value
-    if layer.lora_enabled or table.dtype != keras.backend.standardize_dtype(layer.compute_dtype):
+    table = _tensor(layer.embeddings)
+    if layer.lora_enabled or layer.quantization_mode is not None:
         return layer.call(inputs)
     return torch.nn.functional.embedding(inputs.long(), table)
 
@@ -62,7 +74,7 @@ def rms_norm(layer, inputs):
 
     x = inputs.to(torch.float32)
     x = x * torch.rsqrt(torch.mean(torch.square(x), dim=-1, keepdim=True) + layer.epsilon)
-    scale = layer.scale.value
+    scale = _tensor(layer.scale)
     if layer.scale_offset:
         return (x * (layer.scale_offset + scale.to(torch.float32))).to(inputs.dtype)
     return x.to(inputs.dtype) * scale.to(inputs.dtype)
@@ -76,7 +88,7 @@ def layer_norm(layer, inputs):
     import torch
 
     def float32(variable):
-        return None if variable is None else variable.value.to(torch.float32)
+        return None if variable is None else _tensor(variable).to(torch.float32)
 
     outputs = torch.nn.functional.layer_norm(
         inputs.to(torch.float32),
@@ -118,10 +130,22 @@ def activation(function_name, arguments):
     return None
 
 
+def eager_calls() -> EagerCalls | None:
+    """The layer calls and the activations above, for `direct_calls`; None inside a Keras
+    autocast, stateless or symbolic scope (where a variable's tensor is not its value).
+
+    Example:
+        >>> with direct_calls(True, eager_calls()):  # doctest: +SKIP
+        ...     logits, caches = model.call_with_cache(ids, key_mask, caches, index)
+    """
+    if in_stateless_scope() or in_symbolic_scope() or get_autocast_scope() is not None:
+        return None
+    return _eager_calls()
+
+
 @functools.cache
-def eager_calls() -> EagerCalls:
-    """The layer calls and the activations above, for `direct_calls` (torch imported here,
-    on first use, not when another backend imports the models)."""
+def _eager_calls() -> EagerCalls:
+    # torch is imported here, on first use, not when another backend imports the models.
     activations = {name: activation(*entry) for name, entry in ACTIVATIONS.items()}
     return EagerCalls(
         layers=LAYER_CALLS,

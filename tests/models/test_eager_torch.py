@@ -140,3 +140,11 @@ def _spy(function, kind, used):
 
 def _leaves(caches):
     return [leaf for leaf in keras.tree.flatten(caches) if hasattr(leaf, "shape")]
+
+
+def test_no_eager_calls_inside_a_keras_scope():
+    from keras_mha.models.eager_torch import eager_calls
+
+    assert eager_calls() is not None
+    with keras.StatelessScope():
+        assert eager_calls() is None
