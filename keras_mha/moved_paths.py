@@ -38,6 +38,9 @@ MOVED_MODULES = {
     "keras_mha.cards.units": "keras_mha.cards.planner.units",
     "keras_mha.cards.report": "keras_mha.cards.rendering.report",
     "keras_mha.cards.memory_report": "keras_mha.cards.rendering.memory_report",
+    "keras_mha.cards.families": "keras_mha.families",
+    "keras_mha.cards.rebuild": "keras_mha.models.rebuild",
+    "keras_mha.cards.checkpoint_weights": "keras_mha.models.checkpoint_weights",
 }
 
 # module -> {name: the module that holds it now}
@@ -47,6 +50,8 @@ MOVED_NAMES = {
         "bundled_config_path": "keras_mha.hub",
         "list_bundled": "keras_mha.hub",
         "load_config": "keras_mha.hub",
+        "build_attention": "keras_mha.models",
+        "load_attention_weights": "keras_mha.models",
     },
     "keras_mha.cli": {
         "parse_seq_lens": "keras_mha.commands.inspect",
@@ -61,6 +66,22 @@ def _warn(old: str, new: str, stacklevel: int) -> None:
         DeprecationWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+def warn_rebuilt(old: str, new: str) -> None:
+    """The warning of an old module kept as a file because it rebuilds its 0.2 tables from
+    the new modules (`keras_mha.cards.family_defaults`, `keras_mha.models.families`), or of
+    such a rebuilt name; `new` says where the data lives now.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_rebuilt("keras_mha.cards.family_defaults", "keras_mha.families")
+        >>> str(caught[0].message).split(";")[0]
+        'keras_mha.cards.family_defaults moved to keras_mha.families'
+    """
+    _warn(old, new, stacklevel=3)
 
 
 def moved_attribute(module_name: str, name: str):

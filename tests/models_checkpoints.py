@@ -1,12 +1,16 @@
 """Tiny random Hub checkpoints written by transformers, shared by the tests/test_models_* files.
 
-Each case is a transformers config class, its arguments and the model class to save.
-`checkpoint(tmp_path_factory, case)` writes it once per test session (every weight
-perturbed so norms and biases are not trivial), with transformers' reference logits /
-hidden states for one padded and one unpadded batch, and caches the result for every
-test module of the session. `loaded(tmp_path_factory, case)` is the checkpoint with its
-keras-mha model from `from_pretrained`, also read once per session (CI time): tests must
-not change that model (build their own to prune or train).
+Each case is a transformers config class, its arguments, the model class to save and the
+keras-mha family it loads as (the registry test checks that every family keras_mha.models
+builds has a case here). `checkpoint(tmp_path_factory, case)` writes it once per test
+session (every weight perturbed so norms and biases are not trivial), with transformers'
+reference logits / hidden states for one padded and one unpadded batch, and caches the
+result for every test module of the session. Decoders of RoPE families are left-padded
+(RoPE sees only distances); encoders and the decoders with learned positions or
+introduced with them (GPT-2, GPT-NeoX) are right-padded, where every real token has the
+same position in transformers' forward as in keras-mha. `loaded(tmp_path_factory, case)`
+is the checkpoint with its keras-mha model from `from_pretrained`, also read once per
+session (CI time): tests must not change that model (build their own to prune or train).
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 8,
 }
 
-# case -> (config class, arguments, model class)
+GPT2_SMALL = {"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 128, "n_positions": 32}
+ROBERTA_SMALL = {**SMALL, "max_position_embeddings": 34, "type_vocab_size": 1, "pad_token_id": 1}
+
+# case -> (config class, arguments, model class, keras-mha family)
 CASES = {
     "llama": (
         "LlamaConfig",
@@ -45,11 +52,13 @@ CASES = {
             "tie_word_embeddings": False,
         },
         "LlamaForCausalLM",
+        "llama",
     ),
     "llama_plain": (
         "LlamaConfig",
         {**SMALL, "num_key_value_heads": 2, "tie_word_embeddings": False},
         "LlamaForCausalLM",
+        "llama",
     ),
     "llama_tied_bias": (
         "LlamaConfig",
@@ -61,22 +70,26 @@ CASES = {
             "tie_word_embeddings": True,
         },
         "LlamaForCausalLM",
+        "llama",
     ),
     "mistral": (
         "MistralConfig",
         {**SMALL, "num_key_value_heads": 1, "head_dim": 16, "sliding_window": 4},
         "MistralForCausalLM",
+        "mistral",
     ),
-    "qwen2": ("Qwen2Config", {**SMALL, "num_key_value_heads": 2}, "Qwen2ForCausalLM"),
+    "qwen2": ("Qwen2Config", {**SMALL, "num_key_value_heads": 2}, "Qwen2ForCausalLM", "qwen2"),
     "qwen3": (
         "Qwen3Config",
         {**SMALL, "num_key_value_heads": 2, "head_dim": 16},
         "Qwen3ForCausalLM",
+        "qwen3",
     ),
     "gemma": (
         "GemmaConfig",
         {**SMALL, "num_key_value_heads": 1, "head_dim": 24, "hidden_act": "gelu_pytorch_tanh"},
         "GemmaForCausalLM",
+        "gemma",
     ),
     "gemma2": (
         "Gemma2Config",
@@ -90,6 +103,7 @@ CASES = {
             "final_logit_softcapping": 3.0,
         },
         "Gemma2ForCausalLM",
+        "gemma2",
     ),
     "gemma3": (
         "Gemma3TextConfig",
@@ -106,6 +120,7 @@ CASES = {
             },
         },
         "Gemma3ForCausalLM",
+        "gemma3_text",
     ),
     "phi3": (
         "Phi3Config",
@@ -117,14 +132,42 @@ CASES = {
             "bos_token_id": 1,
         },
         "Phi3ForCausalLM",
+        "phi3",
     ),
     "bert": (
         "BertConfig",
         {**SMALL, "max_position_embeddings": 32, "type_vocab_size": 2},
         "BertModel",
+        "bert",
     ),
+    # n_inner is left out: GPT-2 then uses 4 * n_embd.
+    "gpt2": (
+        "GPT2Config",
+        {**GPT2_SMALL, "bos_token_id": 0, "eos_token_id": 0},
+        "GPT2LMHeadModel",
+        "gpt2",
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        {**SMALL, "rotary_pct": 0.25, "max_position_embeddings": 64, "tie_word_embeddings": False},
+        "GPTNeoXForCausalLM",
+        "gpt_neox",
+    ),
+    "gpt_neox_sequential": (
+        "GPTNeoXConfig",
+        {**SMALL, "rotary_pct": 0.5, "use_parallel_residual": False, "attention_bias": False},
+        "GPTNeoXForCausalLM",
+        "gpt_neox",
+    ),
+    "roberta": ("RobertaConfig", ROBERTA_SMALL, "RobertaModel", "roberta"),
+    "xlm_roberta": ("XLMRobertaConfig", ROBERTA_SMALL, "XLMRobertaModel", "xlm-roberta"),
 }
-DECODERS = [case for case in CASES if case != "bert"]
+ENCODERS = ("bert", "roberta", "xlm_roberta")
+# Padded on the right (the rest on the left): see the module docstring.
+RIGHT_PADDED = (*ENCODERS, "gpt2", "gpt_neox", "gpt_neox_sequential")
+# RoBERTa's positions skip its pad token: the padded positions hold it, as a tokenizer writes.
+PAD_TOKEN = {"roberta": 1, "xlm_roberta": 1}
+DECODERS = [case for case in CASES if case not in ENCODERS]
 BATCH, LENGTH = 2, 9
 
 
@@ -135,7 +178,7 @@ class Checkpoint:
     case: str
     directory: Path
     token_ids: np.ndarray
-    padding_mask: np.ndarray  # row 1 left-padded by 3 (decoders) / right-padded (encoders)
+    padding_mask: np.ndarray  # row 1 padded by 3, on the left or right (`RIGHT_PADDED`)
     reference: np.ndarray  # logits or last hidden state, without padding
     reference_padded: np.ndarray  # with `padding_mask`
     model: object  # the transformers model (eval mode)
@@ -150,7 +193,7 @@ def checkpoint(tmp_path_factory, case: str) -> Checkpoint:
         return _CACHE[case]
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config_class, arguments, model_class = CASES[case]
+    config_class, arguments, model_class, _ = CASES[case]
     torch.manual_seed(sum(map(ord, case)))
     config = getattr(transformers, config_class)(**arguments)
     model = getattr(transformers, model_class)(config).eval()
@@ -163,10 +206,12 @@ def checkpoint(tmp_path_factory, case: str) -> Checkpoint:
     generator = np.random.default_rng(0)
     token_ids = generator.integers(2, SMALL["vocab_size"], (BATCH, LENGTH)).astype(np.int64)
     padding_mask = np.ones((BATCH, LENGTH), dtype=np.int64)
-    if case == "bert":
-        padding_mask[1, -3:] = 0  # BERT batches are right-padded
+    if case in RIGHT_PADDED:
+        padding_mask[1, -3:] = 0
     else:
-        padding_mask[1, :3] = 0  # decoders are left-padded
+        padding_mask[1, :3] = 0
+    if case in PAD_TOKEN:
+        token_ids[1, -3:] = PAD_TOKEN[case]
 
     def run(mask):
         with torch.no_grad():

@@ -73,3 +73,32 @@ def test_an_unknown_name_is_still_an_attribute_error():
         cards.no_such_name  # noqa: B018
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("keras_mha.cards.no_such_module")
+
+
+# Old modules kept as files because they rebuild their 0.2 tables from the new modules.
+REBUILT = {
+    "keras_mha.cards.family_defaults": ("FAMILY_DEFAULTS", "keras_mha.families"),
+    "keras_mha.models.families": ("FAMILY_TRAITS", "keras_mha.families"),
+}
+
+
+@pytest.mark.parametrize("old", list(REBUILT))
+def test_a_rebuilt_old_module_warns_and_holds_its_tables(old, monkeypatch):
+    name, new = REBUILT[old]
+    _forget(monkeypatch, old)
+    expected = rf"^{re.escape(old)} moved to {re.escape(new)}"
+    with pytest.warns(DeprecationWarning, match=expected):
+        module = importlib.import_module(old)
+    assert getattr(module, name)
+
+
+def test_the_rebuilt_tables_come_from_the_family_modules():
+    from keras_mha.cards.family_defaults import FAMILY_DEFAULTS
+    from keras_mha.families import family_for
+    from keras_mha.models import weight_names
+
+    assert FAMILY_DEFAULTS["gpt2"]["n_embd"] == 768
+    assert FAMILY_DEFAULTS["clip_vision_model"]["patch_size"] == 32
+    with pytest.warns(DeprecationWarning, match="family_for.model_type..weights"):
+        tables = weight_names.FAMILY_WEIGHT_NAMES
+    assert tables["llama"] is family_for("llama").weights

@@ -48,18 +48,8 @@ __all__ = [
     "parameter_counts",
 ]
 
-# Rebuilding layers imports keras, which `keras-mha inspect` must never do: these two
-# names are imported on first use (PEP 562).
-_LAZY_REBUILD_NAMES = {
-    "build_attention": "keras_mha.cards.rebuild",
-    "load_attention_weights": "keras_mha.cards.checkpoint_weights",
-}
-
 
 def __getattr__(name):
-    if name in _LAZY_REBUILD_NAMES:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY_REBUILD_NAMES[name]), name)
-    # load_config, LoadedConfig, bundled_config_path, list_bundled: now in keras_mha.hub.
+    # load_config, LoadedConfig, bundled_config_path, list_bundled: now in keras_mha.hub;
+    # build_attention, load_attention_weights: now in keras_mha.models.
     return moved_paths.moved_attribute(__name__, name)

@@ -55,6 +55,7 @@ INTEGER_RANGES: dict[str, tuple[int, int]] = {
     "layer_number": (0, 10_000),  # a layer number (offsets, first dense layers)
     "period": (1, 10_000),  # every N-th layer
     "image": (1, 65_536),  # image and patch sizes, channels, feature layers
+    "token_id": (0, 2**24 - 1),  # a token id (RoBERTa's pad_token_id)
 }
 
 #: Kind -> (low, high, whether low itself is allowed) for floats; high is always included.

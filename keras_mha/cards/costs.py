@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from keras_mha.cards.spec import ModelSpec
+from keras_mha.families import family_for
 
 # Bits per cached element; int4 packs two elements in a byte.
 KV_DTYPE_BITS = {
@@ -304,21 +305,9 @@ def _vision_tower(spec: ModelSpec) -> int:
         # Attention-pooling head: probe, torch MultiheadAttention, LayerNorm, MLP.
         count += width + _linear(width, 3 * width, True) + _linear(width, width, True)
         count += 2 * width + _linear(width, inner, True) + _linear(inner, width, True)
-    return count + _PROJECTORS[vision.projector](vision, spec.hidden_size)
-
-
-# The multimodal projector of each wrapper, (vision spec, text hidden size) -> parameters.
-_PROJECTORS = {
-    # Gemma 3: an RMS norm over the vision width and a (vision_width, text_width) matrix.
-    "gemma3": lambda vision, text: vision.hidden_size * text + vision.hidden_size,
-    # LLaVA: linear_1 (over the concatenated feature layers), GELU, linear_2.
-    "llava": lambda vision, text: (
-        _linear(vision.hidden_size * vision.projector_input_layers, text, vision.projector_bias)
-        + _linear(text, text, vision.projector_bias)
-    ),
-    # PaliGemma: one linear layer to `projection_dim`.
-    "paligemma": lambda vision, text: _linear(vision.hidden_size, vision.projection_dim, True),
-}
+    # The projector between the tower and the language model: the wrapper family's formula.
+    projector = family_for(vision.projector).wrapper.projector_parameters
+    return count + projector(vision, spec.hidden_size)
 
 
 def parameter_counts(spec: ModelSpec) -> ParameterCounts:

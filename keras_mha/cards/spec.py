@@ -8,8 +8,8 @@ family: head counts, head size, which layers hold full, sliding-window or no
 attention, MLA ranks, MoE sizes, biases, norms, RoPE and soft caps. The cost model
 (`keras_mha.cards.costs`) and the layer rebuilder read only this dataclass.
 
-The spellings, defaults and traits of each family are data
-(`keras_mha.cards.families`, `keras_mha.cards.family_defaults`); every value passes
+The spellings, defaults and traits of each family are data (one module per family in
+`keras_mha.families`); every value passes
 through one validation layer (`keras_mha.cards.config_values`): a wrong type, NaN, a
 negative or absurd size, a malformed sub-object or inconsistent fields raise
 `ConfigError` naming the key, the value and what was expected.
@@ -41,26 +41,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from keras_mha.cards.config_values import ConfigReader, copy_json_config, shown
-from keras_mha.cards.families import FAMILIES, read_family
-from keras_mha.cards.family_defaults import FAMILY_DEFAULTS
-from keras_mha.cards.family_rules import FALCON_ALIASES
 from keras_mha.errors import ConfigError
+from keras_mha.families import (
+    GENERIC_NAME,
+    VISION_TOWER_DEFAULTS,
+    Family,
+    family_for,
+    generic_family,
+    read_family,
+)
 
 LAYER_KINDS = ("full", "sliding", "none")
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")
 
-# Multimodal wrappers: the model types their `text_config` and `vision_config` have when
-# they do not say (transformers' `sub_configs_defaults`), and the wrapper's own default
-# of `tie_word_embeddings` (None: LlavaConfig takes the text config's when its own is false).
-MULTIMODAL_WRAPPERS: dict[str, tuple[str, str, bool | None]] = {
-    "gemma3": ("gemma3_text", "siglip_vision_model", True),
-    "llava": ("llama", "clip_vision_model", None),
-    "paligemma": ("gemma", "siglip_vision_model", True),
-}
-VISION_TOWERS = ("siglip_vision_model", "clip_vision_model")
-KNOWN_MODEL_TYPES = (
-    frozenset(FAMILIES) - {"generic"} | set(FALCON_ALIASES) | set(MULTIMODAL_WRAPPERS)
-)
+VISION_TOWERS = tuple(VISION_TOWER_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -71,8 +65,9 @@ class VisionSpec:
 
     Attributes:
         model_type: "siglip_vision_model" or "clip_vision_model".
-        projector: the wrapper's model type, which decides the projector: "gemma3" (RMS
-            norm and one matrix), "llava" (two linear layers), "paligemma" (one linear).
+        projector: the wrapper's model type, whose family module (`Wrapper`) decides the
+            projector: "gemma3" (RMS norm and one matrix), "llava" (two linear layers),
+            "paligemma" (one linear).
         projector_bias: LLaVA's `multimodal_projector_bias`.
         projector_input_layers: how many vision layers LLaVA's projector concatenates
             (the length of a `vision_feature_layer` list, else 1).
@@ -217,7 +212,7 @@ class ModelSpec:
     # -- identity and head ---------------------------------------------------------------------
     model_id: str | None = None
     text_model_type: str | None = None
-    family: str = "generic"
+    family: str = GENERIC_NAME
     head_kind: str = "causal_lm"
     is_decoder: bool = True
     tie_word_embeddings: bool = False
@@ -232,6 +227,7 @@ class ModelSpec:
     o_bias: bool = False
     qk_norm: str | None = None
     attention_scale: float = 1.0
+    inverse_layer_scale: bool = False  # GPT-2's scale_attn_by_inverse_layer_idx
     query_pre_attn_scalar: float | None = None
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
@@ -247,6 +243,7 @@ class ModelSpec:
     max_position_embeddings: int | None = None
     learned_position_rows: int = 0
     learned_position_tables: int = 0
+    position_padding_idx: int | None = None  # RoBERTa: positions count from it + 1
     token_type_vocab_size: int = 0
     rope_theta: float | None = None
     rope_local_theta: float | None = None
@@ -271,6 +268,7 @@ class ModelSpec:
     norm_affine: bool = True
     norm_eps: float | None = None
     norms_per_layer: int = 2
+    parallel_residual: bool = False  # x + attention(norm(x)) + mlp(norm(x)) (GPT-NeoX, ...)
     final_norms: int = 1
     embedding_norms: int = 0
     word_embed_proj_dim: int | None = None
@@ -364,7 +362,10 @@ class ModelSpec:
             qk_norm=self.qk_norm,
             norm_eps=self.norm_eps,
             logit_soft_cap=self.attn_logit_softcapping,
-            scale=self.attention_scale,
+            # GPT-2's scale_attn_by_inverse_layer_idx divides layer i's logits by i + 1.
+            scale=self.attention_scale / (layer_index + 1)
+            if self.inverse_layer_scale
+            else self.attention_scale,
             causal=self.is_decoder,
             kv_lora_rank=self.kv_lora_rank,
             q_lora_rank=self.q_lora_rank,
@@ -412,7 +413,7 @@ def from_config(config: Mapping[str, object], *, model_id: str | None = None) ->
         )
     top = ConfigReader(raw, model_type=model_type)
     architecture = _architecture(top)
-    wrapper = MULTIMODAL_WRAPPERS.get(model_type)
+    wrapper = getattr(family_for(model_type), "wrapper", None)
     spec_warnings: list[str] = []
 
     # Multimodal wrappers keep the language model in `text_config`.
@@ -425,7 +426,9 @@ def from_config(config: Mapping[str, object], *, model_id: str | None = None) ->
             text_config,
             "must be a JSON object holding the language model's config",
         )
-        text_model_type = text_config.get("model_type") or (wrapper[0] if wrapper else model_type)
+        text_model_type = text_config.get("model_type") or (
+            wrapper.text_model_type if wrapper else model_type
+        )
         top.require(
             isinstance(text_model_type, str),
             "text_config.model_type",
@@ -434,9 +437,9 @@ def from_config(config: Mapping[str, object], *, model_id: str | None = None) ->
         )
         where = "text_config."
 
-    family = "falcon" if text_model_type in FALCON_ALIASES else text_model_type
-    if family not in FAMILIES or family == "generic":
-        family = "generic"
+    family = family_for(text_model_type)
+    if family is None or family.name == GENERIC_NAME or family.wrapper is not None:
+        family = generic_family()
         message = (
             f"model_type={text_model_type or '(none)'!r} is not a family keras-mha knows; read "
             f"with the generic config keys, so the counts may be approximate"
@@ -446,12 +449,12 @@ def from_config(config: Mapping[str, object], *, model_id: str | None = None) ->
     reader = ConfigReader(
         text_config,
         model_type=text_model_type or model_type,
-        defaults=FAMILY_DEFAULTS.get(family, {}),
+        defaults=family.defaults,
         where=where,
     )
-    fields = read_family(reader, FAMILIES[family])
+    fields = read_family(reader, family)
     fields.update(_head_fields(architecture, family, spec_warnings))
-    vision = _read_vision(top, model_type, spec_warnings)
+    vision = _read_vision(top, model_type, wrapper, spec_warnings)
     if where:
         fields["tie_word_embeddings"] = _wrapper_tie(top, wrapper, fields["tie_word_embeddings"])
 
@@ -480,7 +483,7 @@ def from_config(config: Mapping[str, object], *, model_id: str | None = None) ->
         raw=raw,
         model_id=model_id,
         text_model_type=text_model_type if where else None,
-        family=family,
+        family=family.name,
         vision=vision,
         **fields,
     )
@@ -528,20 +531,21 @@ def _check_consistency(reader: ConfigReader, fields: dict) -> None:
             )
 
 
-def _wrapper_tie(top: ConfigReader, wrapper: tuple | None, text_tie: bool) -> bool:
+def _wrapper_tie(top: ConfigReader, wrapper, text_tie: bool) -> bool:
     """`tie_word_embeddings` of a multimodal model: the wrapper's config decides."""
     own = top.flag("tie_word_embeddings", None)
-    if wrapper is not None and wrapper[2] is None:
+    if wrapper is not None and wrapper.tie_word_embeddings is None:
         # LlavaConfig.__post_init__: a false (or absent) top-level value takes the text config's.
         return bool(own) or text_tie
     if own is not None:
         return own
-    return wrapper[2] if wrapper is not None else text_tie
+    return wrapper.tie_word_embeddings if wrapper is not None else text_tie
 
 
-def _read_vision(top: ConfigReader, model_type: str, spec_warnings: list[str]) -> VisionSpec | None:
-    """The vision tower of a known multimodal wrapper (LLaVA, PaliGemma, Gemma 3)."""
-    wrapper = MULTIMODAL_WRAPPERS.get(model_type)
+def _read_vision(
+    top: ConfigReader, model_type: str, wrapper, spec_warnings: list[str]
+) -> VisionSpec | None:
+    """The vision tower of a known multimodal wrapper (its family module's `Wrapper`)."""
     vision_config = top.config.get("vision_config")
     if vision_config is None and wrapper is None:
         return None
@@ -552,7 +556,9 @@ def _read_vision(top: ConfigReader, model_type: str, spec_warnings: list[str]) -
         vision_config,
         "must be a JSON object holding the vision tower's config",
     )
-    vision_type = vision_config.get("model_type") or (wrapper[1] if wrapper else None)
+    vision_type = vision_config.get("model_type") or (
+        wrapper.vision_model_type if wrapper else None
+    )
     if wrapper is None or vision_type not in VISION_TOWERS:
         spec_warnings.append(
             f"vision_config (model_type={vision_type!r}) of a {model_type!r} model is not read; "
@@ -562,7 +568,7 @@ def _read_vision(top: ConfigReader, model_type: str, spec_warnings: list[str]) -
     vision = ConfigReader(
         vision_config,
         model_type=vision_type,
-        defaults=FAMILY_DEFAULTS[vision_type],
+        defaults=VISION_TOWER_DEFAULTS[vision_type],
         where="vision_config.",
     )
     hidden = vision.integer("hidden_size", "width", shape=True)
@@ -575,21 +581,6 @@ def _read_vision(top: ConfigReader, model_type: str, spec_warnings: list[str]) -
     )
     image_size = vision.integer("image_size", "image", shape=True)
     spec_warnings.extend(vision.notes)
-    feature_layers = top.config.get("vision_feature_layer", -2)
-    if model_type == "llava" and isinstance(feature_layers, list):
-        top.require(
-            0 < len(feature_layers) <= 64 and all(type(index) is int for index in feature_layers),
-            "vision_feature_layer",
-            feature_layers,
-            "must be an integer or a list of up to 64 integers",
-        )
-    elif model_type == "llava":
-        top.require(
-            type(feature_layers) is int,
-            "vision_feature_layer",
-            feature_layers,
-            "must be an integer or a list of integers",
-        )
     return VisionSpec(
         model_type=vision_type,
         hidden_size=hidden,
@@ -601,20 +592,16 @@ def _read_vision(top: ConfigReader, model_type: str, spec_warnings: list[str]) -
         patch_size=vision.integer("patch_size", "image", high=image_size, shape=True),
         use_head=vision_type == "siglip_vision_model" and vision.flag("vision_use_head", True),
         projector=model_type,
-        projector_bias=top.flag("multimodal_projector_bias", True),
-        projector_input_layers=len(feature_layers) if isinstance(feature_layers, list) else 1,
-        projection_dim=top.integer("projection_dim", "width", default=2048)
-        if model_type == "paligemma"
-        else None,
+        **wrapper.read_projector(top),
     )
 
 
-def _head_fields(architecture: str | None, family: str, notes: list[str]) -> dict:
+def _head_fields(architecture: str | None, family: Family, notes: list[str]) -> dict:
     """What sits on top of the stack, from the class `architectures[0]` names."""
     if architecture is None:
-        kind = {"bert": "base", "t5": "lm", "bart": "base"}.get(family, "lm")
+        kind = family.default_head
         notes.append(
-            f"config.json names no architectures; counted as the {kind!r} head of {family}"
+            f"config.json names no architectures; counted as the {kind!r} head of {family.name}"
         )
     elif architecture.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")):
         kind = "lm"
@@ -628,14 +615,13 @@ def _head_fields(architecture: str | None, family: str, notes: list[str]) -> dic
             f"architectures[0]={architecture!r} has a task head keras-mha does not count; "
             f"the total covers the base model only"
         )
-    return {"head_kind": kind, "pooler": family == "bert" and kind == "base"}
+    return {"head_kind": kind, "pooler": family.base_pooler and kind == "base"}
 
 
 __all__ = [
     "ATTENTION_KINDS",
     "AttentionLayerSpec",
     "LAYER_KINDS",
-    "MULTIMODAL_WRAPPERS",
     "MambaSpec",
     "ModelSpec",
     "VisionSpec",

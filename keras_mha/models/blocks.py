@@ -2,13 +2,15 @@
 
 Attention is always a `keras_mha.layers.GroupedQueryAttention` (or its MHA / MQA
 subclasses), so head pruning, head-parallel layouts and the KV cache work on every
-block as they do on a lone layer.
+block as they do on a lone layer. A decoder block's traits (RMS or LayerNorm, gated or
+plain MLP, sequential or parallel residual, sandwich norms) are constructor arguments
+read from the family data and the `ModelSpec`, never from a family name.
 
 Example:
     >>> from keras_mha.layers import GroupedQueryAttention
     >>> attention = GroupedQueryAttention(4, 2, head_dim=16, causal=True, use_rope=True)
     >>> block = DecoderBlock(64, 128, attention, activation="silu")
-    >>> block(keras.random.normal((1, 5, 64))).shape
+    >>> tuple(block(keras.random.normal((1, 5, 64))).shape)
     (1, 5, 64)
 """
 
@@ -18,13 +20,28 @@ import keras
 from keras import ops
 
 from keras_mha.models.direct_calls import activate, run
-from keras_mha.models.families import ACTIVATIONS
+from keras_mha.models.supported import ACTIVATIONS
 
 
 def _activation(name):
     function_name, arguments = ACTIVATIONS[name]
     function = getattr(keras.activations, function_name)
     return lambda x: function(x, **arguments)
+
+
+def make_norm(norm_type, epsilon, *, scale_offset=0.0, bias=False, dtype=None, name=None):
+    """An `RMSNorm` (`norm_type="rms"`) or a Keras `LayerNormalization` (`"layer"`, with a
+    bias when `bias`): the norm a family's blocks use.
+
+    Example:
+        >>> make_norm("layer", 1e-5, bias=True, name="ln").center
+        True
+    """
+    if norm_type == "rms":
+        return RMSNorm(epsilon, scale_offset, dtype=dtype, name=name)
+    if norm_type != "layer":
+        raise ValueError(f"norm_type={norm_type!r}; expected 'rms' or 'layer'")
+    return keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=dtype, name=name)
 
 
 def _attention_layer(attention, hidden_size, dtype):
@@ -46,7 +63,7 @@ class RMSNorm(keras.layers.Layer):
             1 for Gemma, whose checkpoints store `scale - 1`.
 
     Example:
-        >>> RMSNorm(1e-6)(keras.ops.ones((1, 2, 8))).shape
+        >>> tuple(RMSNorm(1e-6)(keras.ops.ones((1, 2, 8))).shape)
         (1, 2, 8)
     """
 
@@ -82,19 +99,26 @@ class RMSNorm(keras.layers.Layer):
 class DecoderBlock(keras.layers.Layer):
     """A pre-norm decoder block: `x + attention(norm(x))`, then `x + mlp(norm(x))`.
 
-    The MLP is gated: `down(activation(gate(x)) * up(x))`. With `sandwich_norms`
-    (Gemma 2/3) each sublayer's output is normalised too before the residual.
+    The MLP is gated, `down(activation(gate(x)) * up(x))` (Llama), or plain,
+    `down(activation(up(x)))` (GPT-2, GPT-NeoX). With `parallel_residual` (GPT-NeoX) both
+    sublayers read the block's input: `x + attention(norm_1(x)) + mlp(norm_2(x))`. With
+    `sandwich_norms` (Gemma 2/3) each sublayer's output is normalised too before the
+    residual.
 
     Args:
         hidden_size: model width.
         intermediate_size: MLP width.
         attention: a `GroupedQueryAttention` (or its serialized config).
-        activation: a Hugging Face activation name (`families.ACTIVATIONS`).
-        norm_epsilon: epsilon of the RMS norms.
+        activation: a Hugging Face activation name (`supported.ACTIVATIONS`).
+        norm_epsilon: epsilon of the norms.
         norm_scale_offset: see `RMSNorm`.
         sandwich_norms: add the post-attention and post-MLP norms.
         mlp_bias: biases on the MLP's projections.
         kernel_initializer: of the MLP's projections.
+        norm_type: "rms" (`RMSNorm`) or "layer" (LayerNorm).
+        norm_bias: LayerNorms with a bias.
+        mlp_kind: "gated" or "plain".
+        parallel_residual: attention and MLP both read the block's input.
 
     Call arguments:
         inputs: `(batch, length, hidden_size)`.
@@ -116,6 +140,10 @@ class DecoderBlock(keras.layers.Layer):
         sandwich_norms=False,
         mlp_bias=False,
         kernel_initializer="glorot_uniform",
+        norm_type="rms",
+        norm_bias=False,
+        mlp_kind="gated",
+        parallel_residual=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -127,12 +155,25 @@ class DecoderBlock(keras.layers.Layer):
         self.sandwich_norms = bool(sandwich_norms)
         self.mlp_bias = bool(mlp_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.norm_type = norm_type
+        self.norm_bias = bool(norm_bias)
+        if mlp_kind not in ("gated", "plain"):
+            raise ValueError(f"mlp_kind={mlp_kind!r}; expected 'gated' or 'plain'")
+        self.mlp_kind = mlp_kind
+        self.parallel_residual = bool(parallel_residual)
         self._activation_fn = _activation(activation)
         dtype = self.dtype_policy
         self.attention = _attention_layer(attention, self.hidden_size, dtype)
 
         def norm(name):
-            return RMSNorm(self.norm_epsilon, self.norm_scale_offset, dtype=dtype, name=name)
+            return make_norm(
+                norm_type,
+                self.norm_epsilon,
+                scale_offset=self.norm_scale_offset,
+                bias=self.norm_bias,
+                dtype=dtype,
+                name=name,
+            )
 
         def dense(units, name):
             return keras.layers.Dense(
@@ -147,7 +188,8 @@ class DecoderBlock(keras.layers.Layer):
         self.mlp_norm = norm("mlp_norm")
         self.post_attention_norm = norm("post_attention_norm") if self.sandwich_norms else None
         self.post_mlp_norm = norm("post_mlp_norm") if self.sandwich_norms else None
-        self.gate_proj = dense(self.intermediate_size, "gate_proj")
+        gated = self.mlp_kind == "gated"
+        self.gate_proj = dense(self.intermediate_size, "gate_proj") if gated else None
         self.up_proj = dense(self.intermediate_size, "up_proj")
         self.down_proj = dense(self.hidden_size, "down_proj")
 
@@ -158,11 +200,11 @@ class DecoderBlock(keras.layers.Layer):
             self.mlp_norm,
             self.post_attention_norm,
             self.post_mlp_norm,
+            self.gate_proj,
+            self.up_proj,
         ):
             if layer is not None:
                 layer.build(shape)
-        self.gate_proj.build(shape)
-        self.up_proj.build(shape)
         self.down_proj.build((None, None, self.intermediate_size))
         self.built = True
 
@@ -181,14 +223,28 @@ class DecoderBlock(keras.layers.Layer):
             )
         if self.post_attention_norm is not None:
             attended = run(self.post_attention_norm, attended)
-        hidden = inputs + attended
-        normed = run(self.mlp_norm, hidden)
-        gate = activate(self.activation, self._activation_fn, run(self.gate_proj, normed))
-        mlp = run(self.down_proj, gate * run(self.up_proj, normed))
+        if self.parallel_residual:
+            outputs = inputs + attended + self._mlp(inputs)
+        else:
+            hidden = inputs + attended
+            outputs = hidden + self._mlp(hidden)
+        return outputs if cache is None else (outputs, cache)
+
+    def _mlp(self, inputs):
+        """The normalised MLP branch (before its residual)."""
+        normed = run(self.mlp_norm, inputs)
+        if self.gate_proj is None:
+            hidden = self._activate(run(self.up_proj, normed))
+        else:
+            hidden = self._activate(run(self.gate_proj, normed)) * run(self.up_proj, normed)
+        mlp = run(self.down_proj, hidden)
         if self.post_mlp_norm is not None:
             mlp = run(self.post_mlp_norm, mlp)
-        outputs = hidden + mlp
-        return outputs if cache is None else (outputs, cache)
+        return mlp
+
+    def _activate(self, inputs):
+        # Inside `direct_calls` with eager calls, the backend's kernel (eager_torch.py).
+        return activate(self.activation, self._activation_fn, inputs)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -206,6 +262,10 @@ class DecoderBlock(keras.layers.Layer):
             "sandwich_norms": self.sandwich_norms,
             "mlp_bias": self.mlp_bias,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "norm_type": self.norm_type,
+            "norm_bias": self.norm_bias,
+            "mlp_kind": self.mlp_kind,
+            "parallel_residual": self.parallel_residual,
         }
 
 
@@ -292,4 +352,4 @@ class EncoderBlock(keras.layers.Layer):
         }
 
 
-__all__ = ["DecoderBlock", "EncoderBlock", "RMSNorm"]
+__all__ = ["DecoderBlock", "EncoderBlock", "RMSNorm", "make_norm"]

@@ -1,9 +1,13 @@
 """`DecoderModel`: a causal language model of keras-mha blocks, for every decoder family.
 
-One class serves Llama, Mistral, Qwen2/3, Gemma 1/2/3 and Phi-3: the differences
-are the spec's attention settings (in each block's attention layer) and the traits
-of `families.FAMILY_TRAITS` (norm offset, embedding scale, sandwich norms, soft cap,
-tying), all constructor arguments, so `.keras` files rebuild the same model.
+One class serves Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-2 and GPT-NeoX: the
+differences are the spec's attention settings (in each block's attention layer), the
+spec's block traits (norm type, MLP kind, learned positions, parallel residual, tying)
+and the family's `Blocks` (norm offset, embedding scale, sandwich norms), all
+constructor arguments, so `.keras` files rebuild the same model.
+
+Learned positions (GPT-2) are numbered over the real tokens: a left-padded row's first
+token is at position 0, as in transformers' `generate` (`cumsum(padding_mask) - 1`).
 
 Example:
     >>> from keras_mha.models import from_pretrained
@@ -19,7 +23,8 @@ import math
 import keras
 from keras import ops
 
-from keras_mha.models.blocks import DecoderBlock, RMSNorm
+from keras_mha.errors import UsageError
+from keras_mha.models.blocks import DecoderBlock, make_norm
 from keras_mha.models.direct_calls import run
 from keras_mha.models.inputs import CheckedInputs, as_arrays, check_token_ids, unpack_inputs
 from keras_mha.models.kept_logits import check_logits_to_keep, keep_positions
@@ -33,13 +38,17 @@ class DecoderModel(CheckedInputs, keras.Model):
         vocab_size, hidden_size: vocabulary and model width.
         blocks: `DecoderBlock` layers (or their serialized configs), in order.
         tie_word_embeddings: the LM head reuses the token embeddings.
-        norm_epsilon, norm_scale_offset: of the final `RMSNorm`.
+        norm_epsilon, norm_scale_offset: of the final norm (see `RMSNorm`).
         embedding_scale: multiply the embeddings by sqrt(hidden_size) (Gemma).
         final_logit_soft_cap: `c * tanh(logits / c)` (Gemma 2), or None.
-        family, weight_naming, hub_prefix, hub_config: where the weights came from
-            (the family, the `weight_names` table, the checkpoint's name stem and its
-            `config.json`), kept for `save_pretrained`.
+        family, hub_prefix, hub_config: where the weights came from (the family, whose
+            module names the checkpoint's tensors, the checkpoint's name stem and its
+            `config.json`), kept for `save_pretrained`; None for a model built by hand.
         embeddings_initializer, kernel_initializer: for models not loaded from a checkpoint.
+        norm_type, norm_bias: the final norm, "rms" or "layer" (with a bias).
+        max_position_embeddings: rows of a learned position table (GPT-2); None for
+            models that rotate queries and keys (RoPE) instead.
+        weight_naming: ignored (0.2 `.keras` files name their table here).
 
     Call arguments:
         inputs: `{"token_ids": (B, T) int, "padding_mask": (B, T) bool/int}` or the
@@ -67,12 +76,15 @@ class DecoderModel(CheckedInputs, keras.Model):
         norm_scale_offset=0.0,
         embedding_scale=False,
         final_logit_soft_cap=None,
-        family="llama",
-        weight_naming="llama",
+        family=None,
         hub_prefix="model.",
         hub_config=None,
         embeddings_initializer="uniform",
         kernel_initializer="glorot_uniform",
+        norm_type="rms",
+        norm_bias=False,
+        max_position_embeddings=None,
+        weight_naming=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -86,21 +98,35 @@ class DecoderModel(CheckedInputs, keras.Model):
             None if final_logit_soft_cap is None else float(final_logit_soft_cap)
         )
         self.family = family
-        self.weight_naming = weight_naming
         self.hub_prefix = hub_prefix
         self.hub_config = dict(hub_config) if hub_config else None
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.norm_type = norm_type
+        self.norm_bias = bool(norm_bias)
+        self.max_position_embeddings = (
+            None if max_position_embeddings is None else int(max_position_embeddings)
+        )
         dtype = self.dtype_policy
-        with keras.name_scope(self.name):
-            self.token_embedding = keras.layers.Embedding(
-                self.vocab_size,
+
+        def embedding(rows, name):
+            layer = keras.layers.Embedding(
+                rows,
                 self.hidden_size,
                 embeddings_initializer=self.embeddings_initializer,
                 dtype=dtype,
-                name="token_embedding",
+                name=name,
             )
-            self.token_embedding.build((None, None))
+            layer.build((None, None))
+            return layer
+
+        with keras.name_scope(self.name):
+            self.token_embedding = embedding(self.vocab_size, "token_embedding")
+            self.position_embedding = None
+            if self.max_position_embeddings is not None:
+                self.position_embedding = embedding(
+                    self.max_position_embeddings, "position_embedding"
+                )
             self.blocks = [
                 block
                 if isinstance(block, keras.layers.Layer)
@@ -110,8 +136,13 @@ class DecoderModel(CheckedInputs, keras.Model):
             for block in self.blocks:
                 if not block.built:
                     block.build((None, None, self.hidden_size))
-            self.final_norm = RMSNorm(
-                self.norm_epsilon, self.norm_scale_offset, dtype=dtype, name="final_norm"
+            self.final_norm = make_norm(
+                norm_type,
+                self.norm_epsilon,
+                scale_offset=self.norm_scale_offset,
+                bias=self.norm_bias,
+                dtype=dtype,
+                name="final_norm",
             )
             self.final_norm.build((None, None, self.hidden_size))
             self.lm_head = None
@@ -127,12 +158,24 @@ class DecoderModel(CheckedInputs, keras.Model):
         self.built = True
 
     # -------------------------------------------------------------------- pieces
-    def embed(self, token_ids):
+    def embed(self, token_ids, positions=None):
+        """Token embeddings (scaled for Gemma), plus the learned positions' rows."""
         hidden = run(self.token_embedding, token_ids)
         if self.embedding_scale:
             # Gemma rounds sqrt(hidden) to the activations' dtype first.
             hidden = hidden * ops.cast(math.sqrt(self.hidden_size), hidden.dtype)
+        if self.position_embedding is not None:
+            hidden = hidden + run(self.position_embedding, positions)
         return hidden
+
+    @staticmethod
+    def positions(padding_mask, length):
+        """`(B, T)` positions of the real tokens: `cumsum(mask) - 1` (padding at 0), or
+        `0 .. T - 1` without a mask."""
+        if padding_mask is None:
+            return ops.arange(length, dtype="int32")[None, :]
+        counts = ops.cumsum(ops.cast(padding_mask, "int32"), axis=1)
+        return ops.maximum(counts - 1, 0)
 
     def logits(self, hidden):
         """The LM head (tied or not) and the final soft cap, on normalised hidden states."""
@@ -164,7 +207,19 @@ class DecoderModel(CheckedInputs, keras.Model):
         inputs = as_arrays(inputs)
         token_ids, _, _ = unpack_inputs(inputs)
         check_token_ids(token_ids, self.vocab_size)
+        self.check_length(token_ids.shape[1])
         return inputs
+
+    def check_length(self, length, argument="token_ids"):
+        """UsageError (a ValueError) when `length` positions exceed a learned position table."""
+        rows = self.max_position_embeddings
+        if rows is not None and isinstance(length, int) and length > rows:
+            raise UsageError(
+                f"{argument} needs {length} positions; this model has "
+                f"max_position_embeddings={rows}",
+                key=argument,
+                value=length,
+            )
 
     def hidden_states(self, inputs):
         """The final norm's output `(B, T, hidden_size)` (keras-hub backbones' output)."""
@@ -172,7 +227,10 @@ class DecoderModel(CheckedInputs, keras.Model):
         return self.final_norm(self._block_outputs(token_ids, padding_mask))
 
     def _block_outputs(self, token_ids, padding_mask):
-        hidden = self.embed(token_ids)
+        positions = None
+        if self.position_embedding is not None:
+            positions = self.positions(padding_mask, ops.shape(token_ids)[1])
+        hidden = self.embed(token_ids, positions)
         attention_mask = self._key_mask(padding_mask)
         for block in self.blocks:
             hidden = block(hidden, attention_mask=attention_mask)
@@ -209,7 +267,12 @@ class DecoderModel(CheckedInputs, keras.Model):
             logits_to_keep: as in `call` (`generate`'s prefill keeps 1).
         """
         kept = check_logits_to_keep(logits_to_keep, ops.shape(token_ids)[1])
-        hidden = self.embed(token_ids)
+        positions = None
+        if self.position_embedding is not None:
+            # The new tokens' columns of the positions over the whole cache.
+            columns = cache_index + ops.arange(ops.shape(token_ids)[1], dtype="int32")
+            positions = ops.take(self.positions(key_mask, None), columns, axis=1)
+        hidden = self.embed(token_ids, positions)
         attention_mask = ops.cast(key_mask, "bool")[:, None, :]
         new_caches = []
         for block, cache in zip(self.blocks, caches, strict=True):
@@ -237,11 +300,13 @@ class DecoderModel(CheckedInputs, keras.Model):
             "embedding_scale": self.embedding_scale,
             "final_logit_soft_cap": self.final_logit_soft_cap,
             "family": self.family,
-            "weight_naming": self.weight_naming,
             "hub_prefix": self.hub_prefix,
             "hub_config": self.hub_config,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "norm_type": self.norm_type,
+            "norm_bias": self.norm_bias,
+            "max_position_embeddings": self.max_position_embeddings,
         }
 
     @classmethod

@@ -26,7 +26,7 @@ from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symboli
 
 from keras_mha.models.blocks import RMSNorm
 from keras_mha.models.direct_calls import EagerCalls
-from keras_mha.models.families import ACTIVATIONS
+from keras_mha.models.supported import ACTIVATIONS
 
 
 def _tensor(variable):

@@ -2,7 +2,10 @@
 
 Word, absolute position and token-type embeddings, a LayerNorm, then post-norm
 `EncoderBlock`s; the output is the last hidden state (what `BertModel` returns as
-`last_hidden_state`, and what sentence-transformers mean-pools).
+`last_hidden_state`, and what sentence-transformers mean-pools). BERT numbers positions
+`0 .. T - 1`; RoBERTa (`position_padding_idx`) numbers the tokens that are not padding
+from `position_padding_idx + 1` and gives padding `position_padding_idx`, as
+transformers' `RobertaEmbeddings` does.
 
 Example:
     >>> from keras_mha.models import from_pretrained
@@ -31,8 +34,12 @@ class EncoderModel(CheckedInputs, keras.Model):
         max_position_embeddings: rows of the position table.
         type_vocab_size: rows of the token-type table.
         norm_epsilon: epsilon of the embeddings' LayerNorm.
-        family, weight_naming, hub_prefix, hub_config: as in `DecoderModel`.
+        family, hub_prefix, hub_config: as in `DecoderModel`.
         embeddings_initializer: for models not loaded from a checkpoint.
+        position_padding_idx: RoBERTa's `pad_token_id`: positions are
+            `cumsum(mask) * mask + position_padding_idx` with `mask = token_ids !=
+            position_padding_idx`; None numbers positions `0 .. T - 1` (BERT).
+        weight_naming: ignored (0.2 `.keras` files name their table here).
 
     Call arguments:
         inputs: `{"token_ids", "padding_mask", "segment_ids" (optional token types)}`
@@ -47,11 +54,12 @@ class EncoderModel(CheckedInputs, keras.Model):
         max_position_embeddings=512,
         type_vocab_size=2,
         norm_epsilon=1e-12,
-        family="bert",
-        weight_naming="bert",
+        family=None,
         hub_prefix="",
         hub_config=None,
         embeddings_initializer="uniform",
+        position_padding_idx=None,
+        weight_naming=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -61,8 +69,10 @@ class EncoderModel(CheckedInputs, keras.Model):
         self.type_vocab_size = int(type_vocab_size)
         self.norm_epsilon = float(norm_epsilon)
         self.family = family
-        self.weight_naming = weight_naming
         self.hub_prefix = hub_prefix
+        self.position_padding_idx = (
+            None if position_padding_idx is None else int(position_padding_idx)
+        )
         self.hub_config = dict(hub_config) if hub_config else None
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         dtype = self.dtype_policy
@@ -105,10 +115,14 @@ class EncoderModel(CheckedInputs, keras.Model):
         token_ids, _, segment_ids = unpack_inputs(inputs, allow_segments=True)
         check_token_ids(token_ids, self.vocab_size)
         length = token_ids.shape[1]
-        if isinstance(length, int) and length > self.max_position_embeddings:
+        # RoBERTa's positions start after the padding index.
+        usable = self.max_position_embeddings - (
+            0 if self.position_padding_idx is None else self.position_padding_idx + 1
+        )
+        if isinstance(length, int) and length > usable:
             raise UsageError(
-                f"token_ids has {length} positions; this model has "
-                f"max_position_embeddings={self.max_position_embeddings}",
+                f"token_ids has {length} positions; this model takes at most {usable} "
+                f"(max_position_embeddings={self.max_position_embeddings})",
                 key="token_ids",
             )
         if segment_ids is not None:
@@ -119,10 +133,9 @@ class EncoderModel(CheckedInputs, keras.Model):
         token_ids, padding_mask, segment_ids = unpack_inputs(inputs, allow_segments=True)
         if segment_ids is None:
             segment_ids = ops.zeros_like(token_ids)
-        positions = ops.arange(ops.shape(token_ids)[1], dtype="int32")[None, :]
         hidden = (
             self.token_embedding(token_ids)
-            + self.position_embedding(positions)
+            + self.position_embedding(self.positions(token_ids))
             + self.token_type_embedding(segment_ids)
         )
         hidden = self.embeddings_norm(hidden)
@@ -132,6 +145,13 @@ class EncoderModel(CheckedInputs, keras.Model):
         for block in self.blocks:
             hidden = block(hidden, attention_mask=attention_mask)
         return hidden
+
+    def positions(self, token_ids):
+        """`(B, T)` position ids (see the class docstring)."""
+        if self.position_padding_idx is None:
+            return ops.arange(ops.shape(token_ids)[1], dtype="int32")[None, :]
+        mask = ops.cast(ops.not_equal(token_ids, self.position_padding_idx), "int32")
+        return ops.cumsum(mask, axis=1) * mask + self.position_padding_idx
 
     def hidden_states(self, inputs):
         """Same as calling the model: the last hidden state."""
@@ -152,10 +172,10 @@ class EncoderModel(CheckedInputs, keras.Model):
             "type_vocab_size": self.type_vocab_size,
             "norm_epsilon": self.norm_epsilon,
             "family": self.family,
-            "weight_naming": self.weight_naming,
             "hub_prefix": self.hub_prefix,
             "hub_config": self.hub_config,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            "position_padding_idx": self.position_padding_idx,
         }
 
     @classmethod

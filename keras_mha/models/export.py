@@ -1,13 +1,15 @@
 """`save_pretrained`: a keras-mha model back to a Hub checkpoint that transformers loads.
 
 The tensors come from the model's variables through the same name table that loads
-them (`keras_mha.models.weight_names`: each rule's `to_hub` transform), so a model
-whose heads were removed writes its smaller tensors with the family's names and
-layout. The config is the source's `config.json` with the head counts of the model
-now, and the tokenizer (and sentence-transformers) files are copied from the source.
+them (the family's `weights` in `keras_mha.families`, each rule's `to_hub` transform in
+`keras_mha.models.weight_names`), so a model whose heads were removed writes its
+smaller tensors with the family's names and layout. The config is the source's
+`config.json` with the head counts of the model now (under the family's own key
+spellings, e.g. GPT-2's `n_head`), and the tokenizer (and sentence-transformers) files
+are copied from the source.
 
 How a pruned model's head count reaches the config depends on the family
-(`HEAD_SIZE_IN_CONFIG`, checked against transformers 5.23):
+(`Family.head_size_in_config`, checked against transformers 5.24):
 
 - `"explicit"` (Mistral, Qwen2/3, Gemma 1, Phi-3): the config states `head_dim`, so
   `num_attention_heads` / `num_key_value_heads` shrink and `head_dim` is written
@@ -18,7 +20,7 @@ How a pruned model's head count reaches the config depends on the family
   to the nearest count that does (within each KV group, so the KV heads and the KV
   cache stay as pruned); a warning says how many. Targets that keep a divisor of
   `hidden_size` (e.g. 50%) export with no zero head.
-- `"derived"` (BERT): transformers computes the head size as
+- `"derived"` (BERT, RoBERTa, GPT-2, GPT-NeoX): transformers computes the head size as
   `hidden_size / num_attention_heads`, so fewer heads cannot be stated. The
   checkpoint keeps the original head count and the removed heads are written as zero
   rows/columns of the q/k/v/output projections. Outputs are equal, the file is not
@@ -56,6 +58,7 @@ import numpy as np
 
 from keras_mha.cards.config_values import shown
 from keras_mha.errors import CheckpointError, ExportError, PathError
+from keras_mha.families import family_for, unique_families
 from keras_mha.models.export_files import (
     DEFAULT_MAX_SHARD_SIZE,
     KERAS_TO_SAFETENSORS_DTYPE,
@@ -67,20 +70,6 @@ from keras_mha.models.export_files import (
     write_safetensors,
 )
 from keras_mha.models.local_files import file_in_folder
-
-# How the family's config states the head size (see the module docstring).
-HEAD_SIZE_IN_CONFIG = {
-    "llama": "explicit_divisor",
-    "mistral": "explicit",
-    "qwen2": "explicit",
-    "qwen3": "explicit",
-    "gemma": "explicit",
-    "gemma2": "explicit_divisor",
-    "gemma3_text": "explicit_divisor",
-    "gemma3": "explicit_divisor",
-    "phi3": "explicit",
-    "bert": "derived",
-}
 
 # Files copied from the source folder when present: the tokenizer, generation
 # defaults, and sentence-transformers' description of the pipeline (pooling etc.).
@@ -101,12 +90,6 @@ COPIED_FILES = (
     "config_sentence_transformers.json",
 )
 COPIED_FOLDERS = ("1_Pooling", "2_Normalize")
-
-# Tensors of the source checkpoint that the Keras model does not hold but that do not
-# depend on the heads (BERT's pooler, a masked-LM head): copied into the export as they
-# are, so transformers finds every weight it had. Buffers (rotary caches, position ids)
-# are not weights and stay out.
-_NOT_COPIED = re.compile(r"(inv_freq|position_ids)$")
 
 # Variables of an attention layer indexed by query head / by KV head, and the axis
 # (as in layers/head_surgery).
@@ -153,7 +136,7 @@ class ExportSummary:
 def source_config(model) -> dict:
     """The source checkpoint's `config.json` as a dict (a copy)."""
     raw = getattr(model, "hub_config", None)
-    if not isinstance(raw, dict) or not getattr(model, "weight_naming", None):
+    if not isinstance(raw, dict) or not getattr(model, "family", None):
         raise ExportError(
             f"`model` ({type(model).__name__} {getattr(model, 'name', '')!r}) was not built by "
             "keras_mha.models.from_pretrained / build_model: it carries no Hub config to "
@@ -366,9 +349,14 @@ def head_padding(layout, *, heads, kv_heads, head_dim, hidden_size) -> HeadPaddi
 def _hub_tensors(model, *, padding=None, dtype_name):
     """`{hub name: LazyTensor}` for every tensor of the checkpoint, in table order."""
     from keras_mha.layers import ATTENTION_LAYER_CLASSES
-    from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
+    from keras_mha.models.weight_names import (
+        TRANSFORMS,
+        bound_rules,
+        model_weight_names,
+        resolve,
+    )
 
-    names = FAMILY_WEIGHT_NAMES[model.weight_naming]
+    names = model_weight_names(model)
     tensors = {}
     for bound in bound_rules(model, names, model.hub_prefix, len(model.blocks)):
         sources = []
@@ -389,14 +377,16 @@ def _hub_tensors(model, *, padding=None, dtype_name):
                     shape[axis] = padding.padded_kv_heads
             sources.append((variable, pad, tuple(shape)))
 
-        def produce(sources=sources, transform=bound.transform):
+        transform = TRANSFORMS[bound.transform]
+
+        def produce(sources=sources, transform=transform):
             values = []
             for variable, pad, _ in sources:
                 value = _variable_numpy(variable)
                 values.append(value if pad is None else pad(value))
             return transform.to_hub(values)
 
-        shape = bound.transform.hub_shape([shape for _, _, shape in sources])
+        shape = transform.hub_shape([shape for _, _, shape in sources])
         variable_dtype = str(sources[0][0].dtype)
         stored = (
             dtype_name if "float" in variable_dtype else KERAS_TO_SAFETENSORS_DTYPE[variable_dtype]
@@ -406,18 +396,20 @@ def _hub_tensors(model, *, padding=None, dtype_name):
 
 
 def _source_extras(model, written, dtype_name):
-    """Tensors of the source checkpoint the model ignored on load (e.g. BERT's pooler)."""
+    """Tensors of the source checkpoint the model does not hold but that do not depend on
+    the heads (BERT's pooler, a masked-LM head): copied as they are, so transformers finds
+    every weight it had. Buffers (rotary caches, position ids) are not weights: left out."""
     from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
-    from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES
+    from keras_mha.models.weight_names import model_weight_names
 
     directory = source_directory(model)
     if directory is None or not directory.is_dir():  # The source moved or is gone.
         return {}
     checkpoint = SafetensorsCheckpoint(directory)
-    names = FAMILY_WEIGHT_NAMES[model.weight_naming]
+    names = model_weight_names(model)
     extras = {}
     for key in checkpoint.keys():
-        if key in written or not names.is_ignored(key) or _NOT_COPIED.search(key):
+        if key in written or not names.is_ignored(key) or names.is_buffer(key):
             continue
         stored = checkpoint.dtype_of(key)
         shape = tuple(int(d) for d in checkpoint.shape_of(key))
@@ -447,17 +439,27 @@ def _exported_dtype(model, dtype):
     return name
 
 
-def _config_with_heads(config, *, heads, kv_heads, head_dim, layout, dtype):
-    """The source config with the model's head counts (in `text_config` when nested)."""
+def _spelling(target: dict, family, field: str) -> str:
+    """The key `target` states `field` under, else the family's first spelling of it."""
+    spellings = family.keys.get(field) or (field,)
+    return next((key for key in spellings if key in target), spellings[0])
+
+
+def _config_with_heads(config, family, *, heads, kv_heads, head_dim, layout, dtype):
+    """The source config with the model's head counts (in `text_config` when nested),
+    under the family's own spellings (GPT-2's `n_head`)."""
     target = config
-    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
+    if isinstance(config.get("text_config"), dict) and not any(
+        key in config for key in family.keys["num_attention_heads"]
+    ):
         target = config["text_config"]
-    target["num_attention_heads"] = int(heads)
+    target[_spelling(target, family, "num_attention_heads")] = int(heads)
+    kv_key = _spelling(target, family, "num_key_value_heads")
     if layout != "derived":
-        target["num_key_value_heads"] = int(kv_heads)
-        target["head_dim"] = int(head_dim)
-    elif "num_key_value_heads" in target:
-        target["num_key_value_heads"] = int(kv_heads)
+        target[kv_key] = int(kv_heads)
+        target[_spelling(target, family, "head_dim")] = int(head_dim)
+    elif kv_key in target:
+        target[kv_key] = int(kv_heads)
     # transformers 5 reads `dtype`, earlier versions `torch_dtype`: state both.
     config["dtype"] = dtype
     config["torch_dtype"] = dtype
@@ -522,13 +524,14 @@ def save_pretrained(
         source_files(source)  # a file leading out of the source is refused before any work
     config = source_config(model)
     heads, kv_heads, head_dim = check_uniform(model)
-    family = model.family
-    model_type_name = str(config.get("model_type", family))
-    layout = HEAD_SIZE_IN_CONFIG.get(family)
+    family = family_for(model.family)
+    model_type_name = str(config.get("model_type", model.family))
+    layout = None if family is None else family.head_size_in_config
     if layout is None:
+        exported = sorted(f.name for f in unique_families() if f.head_size_in_config)
         raise ExportError(
             f"model_type={model_type_name!r}: keras-mha does not know how this family's config "
-            f"states head counts; families it exports: {sorted(HEAD_SIZE_IN_CONFIG)}",
+            f"states head counts; families it exports: {exported}",
             key="model_type",
             value=model_type_name,
         )
@@ -560,6 +563,7 @@ def save_pretrained(
         )
     config = _config_with_heads(
         config,
+        family,
         heads=written_heads,
         kv_heads=written_kv_heads,
         head_dim=head_dim,

@@ -19,8 +19,9 @@ seeded by `seed`, so a seed gives the same tokens on every backend up to float
 round-off in the logits.
 
 Left-padded batches (`padding_mask` False at the start of short rows) work: padded
-keys are masked in every step, and RoPE depends only on the distance between
-positions, so a row's tokens attend as in an unpadded run.
+keys are masked in every step, RoPE depends only on the distance between positions,
+and learned positions (GPT-2) are counted over each row's real tokens, so a row's
+tokens attend as in an unpadded run.
 
 Example:
     >>> from keras_mha.models import from_pretrained, generate, generation_stats
@@ -401,6 +402,7 @@ def generate(
     eos = _eos_ids(eos_token_id, model.vocab_size)
     rng = _generator(seed)
     batch, length = ids.shape
+    model.check_length(length + int(max_new_tokens), argument="the prompt and max_new_tokens")
     max_length = -(-(length + max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
     key_mask = np.ones((batch, max_length), dtype=bool)
     key_mask[:, :length] = mask

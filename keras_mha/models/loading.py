@@ -1,12 +1,12 @@
 """`from_pretrained`: a Hub checkpoint (local folder or Hub id) as a keras-mha Keras model.
 
 The config goes through `keras_mha.cards` (`load_config` -> `from_config` -> `ModelSpec`),
-the family's traits come from `families.FAMILY_TRAITS`, each attention layer from
-`keras_mha.cards.build_attention`, and the tensors are placed by the family's table in
-`weight_names`. Loading is checked before anything is read: every expected tensor must
-be present, none unexplained, and every shape (read from the safetensors headers) must
-be the one the config implies; only then are tensors read, one at a time, each into a
-single aligned array, largest first. The model is built without memory
+the family's block traits and tensor names come from its module in `keras_mha.families`
+(`Family.blocks`, `Family.weights`), and each attention layer from
+`keras_mha.models.build_attention`. Loading is checked before anything is read: every
+expected tensor must be present, none unexplained, and every shape (read from the
+safetensors headers) must be the one the config implies; only then are tensors read,
+one at a time, each into a single aligned array, largest first. The model is built without memory
 (`keras_mha.models.deferred`) and each variable is created from its array, which on
 the CPU becomes the variable's buffer (no copy where the layouts agree, one
 transposing copy where they differ): peak memory stays close to the model's own size.
@@ -24,7 +24,6 @@ from pathlib import Path
 
 from keras_mha.cards.config_values import shown
 from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError, UsageError
-from keras_mha.models.families import activation_name, traits_for
 from keras_mha.models.local_files import file_in_folder
 from keras_mha.models.safetensors_reader import (
     INDEX_FILE_NAME,
@@ -33,7 +32,13 @@ from keras_mha.models.safetensors_reader import (
     count_nonfinite,
     read_weight_map,
 )
-from keras_mha.models.weight_names import FAMILY_WEIGHT_NAMES, bound_rules, resolve
+from keras_mha.models.supported import activation_name, built_family
+from keras_mha.models.weight_names import (
+    TRANSFORMS,
+    bound_rules,
+    model_weight_names,
+    resolve,
+)
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -62,12 +67,12 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         >>> build_model(spec).count_params()  # doctest: +SKIP
         494032768
     """
-    from keras_mha.cards.rebuild import build_attention
     from keras_mha.models.blocks import DecoderBlock, EncoderBlock
     from keras_mha.models.decoder import DecoderModel
     from keras_mha.models.encoder import EncoderModel
+    from keras_mha.models.rebuild import build_attention
 
-    traits = traits_for(spec)
+    traits = built_family(spec).blocks
     activation = activation_name(spec, traits)
     epsilon = spec.norm_eps if spec.norm_eps is not None else traits.default_norm_epsilon
     zeros = initializer == "zeros"
@@ -92,6 +97,10 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
                 sandwich_norms=traits.sandwich_norms,
                 mlp_bias=spec.mlp_bias,
                 kernel_initializer=kernel,
+                norm_type=spec.norm_type,
+                norm_bias=spec.norm_bias,
+                mlp_kind=spec.mlp_kind,
+                parallel_residual=spec.parallel_residual,
                 name=f"block_{index}",
                 **common,
             )
@@ -109,7 +118,6 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         blocks.append(block)
     identity = {
         "family": spec.family,
-        "weight_naming": traits.weight_naming,
         "hub_config": spec.raw,
         "name": name or spec.family,
         "embeddings_initializer": "zeros" if zeros else "uniform",
@@ -125,6 +133,11 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
             embedding_scale=traits.embedding_scale,
             final_logit_soft_cap=spec.final_logit_softcapping,
             kernel_initializer=kernel,
+            norm_type=spec.norm_type,
+            norm_bias=spec.norm_bias,
+            max_position_embeddings=spec.learned_position_rows
+            if spec.position_embedding == "learned"
+            else None,
             **identity,
             **common,
         )
@@ -132,9 +145,10 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         spec.vocab_size,
         spec.hidden_size,
         blocks,
-        max_position_embeddings=spec.max_position_embeddings or 512,
+        max_position_embeddings=spec.learned_position_rows,
         type_vocab_size=max(spec.token_type_vocab_size, 1),
         norm_epsilon=epsilon,
+        position_padding_idx=spec.position_padding_idx,
         **identity,
         **common,
     )
@@ -293,6 +307,7 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
         for key in keys
         if key not in expected
         and not names.is_ignored(key)
+        and not names.is_buffer(key)
         # A tied head saved anyway (some exporters do) duplicates the embeddings.
         and not (tied_head and key == "lm_head.weight")
         # Gemma 3 multimodal checkpoints: the vision tower is not part of the text model.
@@ -319,7 +334,7 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
         )
     for rule in bound:
         variable_shapes = [tuple(resolve(model, path).shape) for path in rule.variables]
-        want = tuple(rule.transform.hub_shape(variable_shapes))
+        want = tuple(TRANSFORMS[rule.transform].hub_shape(variable_shapes))
         have = checkpoint.shape_of(rule.hub_name)
         if have != want:
             raise CheckpointError(
@@ -353,7 +368,7 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     from keras_mha.models.deferred import fill, initialize_rest
 
     checkpoint = SafetensorsCheckpoint(checkpoint_dir)
-    names = FAMILY_WEIGHT_NAMES[model.weight_naming]
+    names = model_weight_names(model)
     bound = _check_and_bind(model, names, checkpoint, checkpoint.describe())
     # Largest first: a tensor whose layout differs is copied once while being converted,
     # and that transient copy of the embeddings or LM head then coincides with little of
@@ -365,7 +380,7 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
         variables = [resolve(model, path) for path in rule.variables]
         tensor = checkpoint.read(rule.hub_name)
         _warn_if_nonfinite(checkpoint, rule.hub_name, tensor)
-        values = rule.transform.to_keras(tensor, [tuple(v.shape) for v in variables])
+        values = TRANSFORMS[rule.transform].to_keras(tensor, [tuple(v.shape) for v in variables])
         del tensor
         # A fused tensor's parts are views of one buffer: each variable gets its own copy.
         shared = len(values) > 1

@@ -9,8 +9,8 @@ import pytest
 
 from keras_mha.cards.costs import parameter_counts
 from keras_mha.cards.planner import memory
-from keras_mha.cards.rebuild import build_attention
 from keras_mha.cards.spec import from_config
+from keras_mha.models.rebuild import build_attention
 from tests.configs import tiny_llama
 
 # A small Llama: 4 query heads sharing 2 KV heads, 32 features, 2 layers.

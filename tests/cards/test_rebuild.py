@@ -3,6 +3,7 @@
 Each parity test writes a tiny random checkpoint with transformers
 (`save_pretrained`, safetensors), reads its `config.json` with `from_config`, rebuilds
 every attention layer with `build_attention`, loads it with `load_attention_weights`
+(through the family's tensor names, the table whole models load with)
 and compares the layer's output with what transformers' own attention module (eager)
 returns inside a forward pass of the whole model, captured with a forward hook. The
 weights are perturbed before saving so that biases, norms and every projection are
@@ -19,18 +20,15 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.cards import build_attention, load_attention_weights
-from keras_mha.cards.checkpoint_weights import (
-    CheckpointError,
-    SafetensorsCheckpoint,
-    find_attention_tensors,
-)
 from keras_mha.cards.costs import parameter_counts
-from keras_mha.cards.rebuild import attention_layer_arguments
 from keras_mha.cards.spec import from_config
-from keras_mha.errors import UnsupportedModelError
+from keras_mha.errors import CheckpointError, UnsupportedModelError
+from keras_mha.families import family_for
 from keras_mha.hub import list_bundled, load_config
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from keras_mha.models import attention_layer_arguments, build_attention, load_attention_weights
+from keras_mha.models.checkpoint_weights import attention_tensors, checkpoint_weight_names
+from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
 from tests.configs import tiny_llama
 
 # The tiny models' attention outputs are of order 1-3; float32 round-off stays below 1e-6.
@@ -141,65 +139,90 @@ def test_unsupported_rope_scaling_is_named():
 
 
 @pytest.mark.backend_independent
-def test_cards_package_exports_rebuilding_without_importing_keras():
+def test_rebuilding_is_exported_without_importing_keras():
     code = (
-        "import sys, keras_mha.cards as cards\n"
-        "assert 'keras' not in sys.modules, 'keras imported by keras_mha.cards'\n"
-        "assert callable(cards.load_attention_weights)\n"
+        "import sys, warnings, keras_mha.models as models, keras_mha.cards as cards\n"
+        "assert callable(models.load_attention_weights)\n"
         "assert 'keras' not in sys.modules, 'keras imported by load_attention_weights'\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert cards.load_attention_weights is models.load_attention_weights\n"
+        "assert 'keras_mha.models' in str(caught[0].message), caught\n"
+        "assert 'keras' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# -- finding tensors (no checkpoint needed) ---------------------------------------------------
+# -- finding tensors through the family tables (no checkpoint needed) --------------------------
 
 
-def test_namings_are_detected_from_the_keys():
-    llama = find_attention_tensors(
-        [
-            "model.layers.1.self_attn.q_proj.weight",
-            "model.layers.1.self_attn.o_proj.weight",
-            "model.layers.1.self_attn.q_norm.weight",
-        ],
-        1,
-    )
-    assert (llama.naming, llama.output) == ("q_proj", "model.layers.1.self_attn.o_proj.weight")
-    assert llama.query_norm == "model.layers.1.self_attn.q_norm.weight" and llama.key_norm is None
-    bert = find_attention_tensors(["encoder.layer.2.attention.self.query.weight"], 2)
-    assert bert.output == "encoder.layer.2.attention.output.dense.weight"
-    neox = find_attention_tensors(["gpt_neox.layers.0.attention.query_key_value.weight"], 0)
-    assert (neox.naming, neox.output) == (
-        "query_key_value",
-        "gpt_neox.layers.0.attention.dense.weight",
-    )
-    bart_keys = [
-        f"model.{stack}.layers.0.self_attn.q_proj.weight" for stack in ("encoder", "decoder")
+def hub_names(family, keys, layer_index, attention="self"):
+    names = family_for(family).weights
+    return [t.hub_name for t in attention_tensors(names, keys, layer_index, attention=attention)]
+
+
+@pytest.mark.backend_independent
+def test_attention_tensors_come_from_the_family_table():
+    qwen3 = hub_names("qwen3", ["model.embed_tokens.weight"], 1)
+    assert "model.layers.1.self_attn.q_proj.weight" in qwen3
+    assert "model.layers.1.self_attn.k_norm.weight" in qwen3
+    bert = hub_names("bert", ["embeddings.word_embeddings.weight"], 2)
+    assert "encoder.layer.2.attention.output.dense.weight" in bert
+    neox = hub_names("gpt_neox", ["gpt_neox.embed_in.weight"], 0)
+    assert neox[:2] == [
+        "gpt_neox.layers.0.attention.query_key_value.weight",
+        "gpt_neox.layers.0.attention.query_key_value.bias",
     ]
-    assert find_attention_tensors(bart_keys, 0).query.startswith("model.decoder.")
-    assert find_attention_tensors(bart_keys, 0, attention="encoder").query.startswith(
-        "model.encoder."
+    bart = ["model.decoder.embed_positions.weight"]
+    assert hub_names("bart", bart, 0)[0] == "model.decoder.layers.0.self_attn.q_proj.weight"
+    assert hub_names("bart", bart, 0, "cross")[0] == (
+        "model.decoder.layers.0.encoder_attn.q_proj.weight"
     )
+    assert hub_names("bart", bart, 0, "encoder")[0] == (
+        "model.encoder.layers.0.self_attn.q_proj.weight"
+    )
+    with pytest.raises(CheckpointError, match="have no 'cross' attention"):
+        hub_names("llama", ["model.embed_tokens.weight"], 0, "cross")
 
 
+@pytest.mark.backend_independent
 def test_the_language_model_is_picked_over_a_vision_tower():
     keys = [
         "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight",
+        "model.language_model.embed_tokens.weight",
         "model.language_model.layers.0.self_attn.q_proj.weight",
     ]
-    names = find_attention_tensors(keys, 0)
-    assert names.query == "model.language_model.layers.0.self_attn.q_proj.weight"
-    with pytest.raises(CheckpointError, match="several attention blocks for layer_index=0"):
-        find_attention_tensors([*keys, "other.layers.0.self_attn.q_proj.weight"], 0)
-
-
-def test_unknown_and_unsupported_namings_are_named():
-    falcon = find_attention_tensors(["transformer.h.0.self_attention.query_key_value.weight"], 0)
-    assert (falcon.naming, falcon.output) == (
-        "falcon_qkv",
-        "transformer.h.0.self_attention.dense.weight",
+    assert hub_names("gemma3_text", keys, 0)[0] == (
+        "model.language_model.layers.0.self_attn.q_proj.weight"
     )
+
+
+@pytest.mark.backend_independent
+def test_without_a_config_the_family_is_found_from_the_tensor_names():
+    def layer_keys(*names):
+        return ["model.embed_tokens.weight"] + [f"model.layers.0.self_attn.{n}" for n in names]
+
+    llama = layer_keys("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+    found = checkpoint_weight_names(llama, 0, family=None, attention="self", where="x")
+
+    # Several families share Llama's names; any of them reads the same tensors the same way.
+    def present(names):
+        return [t for t in attention_tensors(names, llama, 0) if t.hub_name in llama]
+
+    assert present(found) == present(family_for("llama").weights)
+    # q/k norms stored as w (Qwen3) or as 1 + w's w (Gemma 3): the names cannot tell.
+    normed = llama + layer_keys("q_norm.weight", "k_norm.weight")
+    with pytest.raises(CheckpointError, match=r"several families .*gemma3_text.*qwen3"):
+        checkpoint_weight_names(normed, 0, family=None, attention="self", where="x")
+    falcon = [
+        "transformer.word_embeddings.weight",
+        "transformer.h.0.self_attention.query_key_value.weight",
+        "transformer.h.0.self_attention.dense.weight",
+    ]
+    found = checkpoint_weight_names(falcon, 0, family=None, attention="self", where="x")
+    assert found is family_for("falcon").weights
     with pytest.raises(CheckpointError, match="no attention tensors of layer_index=3"):
-        find_attention_tensors(["model.layers.0.self_attn.q_proj.weight"], 3, where="x.safetensors")
+        checkpoint_weight_names(llama, 3, family=None, attention="self", where="x.safetensors")
 
 
 # -- parity with transformers ------------------------------------------------------------------

@@ -29,15 +29,15 @@ from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from keras_mha.cards.costs import kv_cache_cost, parameter_counts  # noqa: E402
-from keras_mha.cards.families import FAMILIES  # noqa: E402
 from keras_mha.cards.rendering.report import (  # noqa: E402
     build_report,
     default_seq_len,
     render_markdown,
     render_table,
 )
-from keras_mha.cards.spec import MULTIMODAL_WRAPPERS, from_config  # noqa: E402
+from keras_mha.cards.spec import from_config  # noqa: E402
 from keras_mha.errors import ConfigError  # noqa: E402
+from keras_mha.families import FAMILIES, KNOWN_MODEL_TYPES  # noqa: E402
 from keras_mha.hub.config import LoadedConfig  # noqa: E402
 
 pytestmark = pytest.mark.backend_independent
@@ -140,7 +140,7 @@ SMALL_SIZES = st.one_of(st.integers(min_value=1, max_value=64), SCALARS)
 def assembled_configs(draw):
     model_type = draw(
         st.one_of(
-            st.sampled_from(sorted(set(FAMILIES) | set(MULTIMODAL_WRAPPERS) - {"generic"})),
+            st.sampled_from(sorted(KNOWN_MODEL_TYPES)),
             st.text(max_size=8),
         )
     )

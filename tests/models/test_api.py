@@ -5,6 +5,8 @@ so no checkpoint is needed. Pruning and the `.keras` round trip are checked by o
 against the same model before (gated heads are what `prune_heads` removes).
 """
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -122,6 +124,38 @@ def test_encoder_model_builds_fits_and_saves(tmp_path):
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(keras.saving.load_model(path)(inputs)), out, atol=1e-6, rtol=0
     )
+
+
+# The block traits the 0.3 families added: LayerNorm with biases, a plain MLP, learned
+# positions (GPT-2), a parallel residual (GPT-NeoX), RoBERTa's padding-offset positions.
+TRAIT_CONFIGS = {
+    "gpt2": {"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 16},
+    "gpt_neox": {
+        "model_type": "gpt_neox",
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 48,
+    },
+    "roberta": {**BERT_CONFIG, "model_type": "roberta", "max_position_embeddings": 18},
+}
+
+
+@pytest.mark.backend_independent  # serialisation; the outputs per backend: test_models_parity
+@pytest.mark.parametrize("family", list(TRAIT_CONFIGS))
+def test_block_traits_survive_the_keras_file(tmp_path, family):
+    config = {"vocab_size": 50, **TRAIT_CONFIGS[family]}
+    model = tiny(config, seed=8)
+    ids = batch(seed=9)
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0
+    inputs = {"token_ids": ids, "padding_mask": mask}
+    out = keras.ops.convert_to_numpy(model(inputs))
+    path = tmp_path / f"{family}.keras"
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    assert json.dumps(restored.get_config()) == json.dumps(model.get_config())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(restored(inputs)), out, atol=1e-6, rtol=0)
 
 
 # The head-parallel sharding of a whole model needs several JAX devices, hence a fresh

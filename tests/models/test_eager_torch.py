@@ -9,7 +9,7 @@ from keras_mha.cards.spec import from_config
 from keras_mha.models import build_model
 from keras_mha.models.blocks import RMSNorm
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
-from keras_mha.models.families import ACTIVATIONS
+from keras_mha.models.supported import ACTIVATIONS
 from tests.configs import tiny_llama
 from tests.conftest import current_backend
 

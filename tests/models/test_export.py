@@ -12,6 +12,9 @@ pruned model's to 1e-4 and greedy decoding must pick the same tokens. Covered:
   zero heads padded in, with a warning;
 - BERT (head size derived from `hidden_size / num_attention_heads`): the original head
   count with the removed heads zeroed, with a warning;
+- GPT-2, GPT-NeoX and RoBERTa (their head sizes are derived too): head importance on
+  every backend, then pruned, exported under the family's own key spellings (GPT-2's
+  `n_head`) with zeroed heads, and loaded back by transformers with equal outputs;
 - refusal of non-uniform models, sharding with an index, tokenizer files copied, the
   round trip through `from_pretrained`, and a bfloat16 export.
 """
@@ -25,7 +28,8 @@ import pytest
 
 from keras_mha.errors import ExportError
 from keras_mha.models import from_pretrained, save_pretrained
-from keras_mha.pruning import find_attention_layers, prune_heads
+from keras_mha.pruning import find_attention_layers, head_importance, prune_heads, set_head_gates
+from tests.models_checkpoints import ENCODERS, checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -128,6 +132,19 @@ def _keras_greedy(model, token_ids, steps):
     return tokens
 
 
+def _assert_same_greedy_tokens(model, reference, steps):
+    """Greedy continuations of the first 4 tokens: the Keras model's equal transformers'."""
+    with torch.no_grad():
+        generated = reference.generate(
+            torch.tensor(TOKENS[:, :4], dtype=torch.long),
+            max_new_tokens=steps,
+            do_sample=False,
+            attention_mask=torch.ones((2, 4), dtype=torch.long),
+            pad_token_id=0,
+        ).numpy()
+    np.testing.assert_array_equal(_keras_greedy(model, TOKENS[:, :4], steps), generated)
+
+
 def _prune(model, heads):
     return prune_heads(model, heads={path: heads for path in find_attention_layers(model)})
 
@@ -171,15 +188,7 @@ def test_explicit_head_dim_exports_smaller(
     assert summary.parameters == sum(p.numel() for p in reference.parameters())
     np.testing.assert_allclose(_keras_outputs(model), logits, atol=ATOL, rtol=0)
     # Greedy decoding agrees token for token.
-    with torch.no_grad():
-        generated = reference.generate(
-            torch.tensor(TOKENS[:, :4], dtype=torch.long),
-            max_new_tokens=6,
-            do_sample=False,
-            attention_mask=torch.ones((2, 4), dtype=torch.long),
-            pad_token_id=0,
-        ).numpy()
-    np.testing.assert_array_equal(_keras_greedy(model, TOKENS[:, :4], 6), generated)
+    _assert_same_greedy_tokens(model, reference, 6)
     if family == "qwen2":
         # Round trip: from_pretrained of the export gives the pruned model's outputs.
         np.testing.assert_allclose(
@@ -253,3 +262,67 @@ def test_not_a_pretrained_model_is_refused(tmp_path):
     plain = keras.Model(inputs, keras.layers.Dense(2)(inputs))
     with pytest.raises(ExportError, match="was not built by keras_mha.models.from_pretrained"):
         save_pretrained(plain, tmp_path / "out")
+
+
+# -- the families added in 0.3 ------------------------------------------------------------------
+
+NEW_FAMILIES = ["gpt2", "gpt_neox", "roberta"]
+torch_leg_gradients = pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="compiling the decoder's gradient costs tens of seconds here; RoBERTa's runs",
+)
+
+
+def _importance_data(made, model):
+    """Next-token data for a decoder; for an encoder, its own outputs as regression targets."""
+    ids = made.token_ids.astype("int32")
+    if made.case in ENCODERS:
+        target = keras.ops.convert_to_numpy(model(ids)) + 0.1
+        return (ids, target), keras.losses.MeanSquaredError()
+    return (ids[:, :-1], ids[:, 1:]), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.mark.parametrize(
+    "case",
+    # Taylor scores compile the model's gradient on JAX and TensorFlow (tens of seconds on a
+    # 2-core CI machine each): the decoders run in the torch leg, RoBERTa on every backend.
+    [pytest.param(case, marks=torch_leg_gradients) for case in ("gpt2", "gpt_neox")] + ["roberta"],
+)
+def test_head_importance_then_pruning_on_the_new_families(tmp_path_factory, case):
+    made = checkpoint(tmp_path_factory, case)
+    model = from_pretrained(made.directory)
+    data, loss = _importance_data(made, model)
+    scores = head_importance(model, data, method="taylor", loss=loss)
+    layers = find_attention_layers(model)
+    assert list(scores) == list(layers)
+    for values in scores.values():
+        assert values.shape == (4,) and np.all(np.isfinite(values)) and values.max() > 0
+    before = _keras_outputs(model)
+    gated = {path: [0, 1, 1, 1] for path in layers}  # keep three heads of four per layer
+    set_head_gates(model, gated)
+    gated_outputs = _keras_outputs(model)
+    assert np.abs(gated_outputs - before).max() > 1e-4
+    prune_heads(model)
+    assert all(layer.num_heads == 3 for layer in layers.values())
+    np.testing.assert_allclose(_keras_outputs(model), gated_outputs, atol=1e-5, rtol=0)
+
+
+@torch_leg_only
+@pytest.mark.parametrize("case", NEW_FAMILIES)
+def test_new_families_export_pruned_heads_that_transformers_loads(tmp_path_factory, tmp_path, case):
+    made = checkpoint(tmp_path_factory, case)
+    model = from_pretrained(made.directory)
+    _prune(model, [2])
+    with pytest.warns(UserWarning, match="derives the head size .* the file is bigger"):
+        summary = save_pretrained(model, tmp_path / "out")
+    assert (summary.num_attention_heads, summary.kept_heads, summary.heads_zeroed) == (4, 3, 1)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    heads_key = "n_head" if case == "gpt2" else "num_attention_heads"
+    assert config[heads_key] == 4 and "head_dim" not in config
+    assert case != "gpt2" or "num_attention_heads" not in config
+    encoder = case in ENCODERS
+    reference, outputs = _transformers_outputs(tmp_path / "out", encoder=encoder)
+    assert summary.parameters == sum(p.numel() for p in reference.parameters())
+    np.testing.assert_allclose(_keras_outputs(model), outputs, atol=ATOL, rtol=0)
+    if not encoder:
+        _assert_same_greedy_tokens(model, reference, 5)

@@ -4,8 +4,9 @@
   the HF cache; a sharded checkpoint with its index.
 - Every kind of bad input gives one line naming the file, tensor or argument.
 - `weight_names.hub_tensors` (the direction `save_pretrained` uses) gives back exactly
-  the tensors transformers wrote, for every naming (split q/k/v, fused qkv and gate/up,
-  Gemma's 1 + w q/k norms, BERT).
+  the tensors transformers wrote, for every layout (split q/k/v, fused qkv and gate/up,
+  Gemma's 1 + w q/k norms, BERT, GPT-2's Conv1D c_attn, GPT-NeoX's per-head qkv,
+  RoBERTa).
 - Sampling is seeded and restricted as documented; an EOS ends rows.
 """
 
@@ -128,17 +129,21 @@ def test_missing_and_unexpected_tensors(llama, tmp_path, edit, message):
 
 def test_unsupported_family_is_named(tmp_path):
     config = {
-        "model_type": "gpt2",
-        "architectures": ["GPT2LMHeadModel"],
-        "n_embd": 32,
-        "n_head": 4,
-        "n_layer": 1,
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "ffn_dim": 64,
         "vocab_size": 50,
-        "n_positions": 16,
+        "max_position_embeddings": 16,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    save_file({"wte.weight": np.zeros((50, 32), np.float32)}, tmp_path / "model.safetensors")
-    with pytest.raises(UnsupportedModelError, match="model_type='gpt2'.*learned position"):
+    save_file(
+        {"decoder.embed_tokens.weight": np.zeros((50, 32), np.float32)},
+        tmp_path / "model.safetensors",
+    )
+    with pytest.raises(UnsupportedModelError, match="model_type='opt'.*learned position"):
         from_pretrained(tmp_path)
     assert issubclass(UnsupportedModelError, NotImplementedError)
 
@@ -165,10 +170,21 @@ def test_bad_arguments_are_named(llama, call, message):
     assert "\n" not in str(error.value)
 
 
+def test_learned_positions_bound_the_length(tmp_path_factory):
+    _, model = loaded(tmp_path_factory, "gpt2")  # n_positions=32
+    with pytest.raises(ValueError, match=r"token_ids needs 40 positions; .*=32") as error:
+        model(np.ones((1, 40), dtype="int32"))
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=r"max_new_tokens=5: .* 35 positions"):
+        generate(model, [[5] * 30], 5)
+
+
 # -- the inverse direction of the weight-name table -----------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["llama_tied_bias", "phi3", "gemma3", "bert"])
+@pytest.mark.parametrize(
+    "case", ["llama_tied_bias", "phi3", "gemma3", "bert", "gpt2", "gpt_neox", "roberta"]
+)
 def test_hub_tensors_give_back_the_checkpoint(tmp_path_factory, case):
     made, model = loaded(tmp_path_factory, case)
     written = load_file(made.directory / "model.safetensors")

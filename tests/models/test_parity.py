@@ -3,10 +3,11 @@
 transformers writes each tiny checkpoint (`tests/models_checkpoints.py`: random weights
 perturbed so every norm and bias matters) and computes the reference; keras-mha reads
 the folder back with `from_pretrained` and must give the same logits (decoders) or last
-hidden states (BERT) to 1e-4, with and without padding, and `generate` must pick the
+hidden states (encoders) to 1e-4, with and without padding, and `generate` must pick the
 same tokens as transformers' greedy `generate(do_sample=False)` on a left-padded batch.
-Padded positions are compared only where transformers defines them (not on the queries
-of left padding, whose every key is masked).
+Decoder outputs are compared at the real tokens (a causal model's padded queries are
+not defined the same way: transformers' forward numbers every position, keras-mha only
+the real tokens); an encoder's every row is compared.
 """
 
 import keras
@@ -14,15 +15,16 @@ import numpy as np
 import pytest
 
 from keras_mha.models import generate, generation_stats
-from tests.models_checkpoints import CASES
+from tests.models_checkpoints import CASES, ENCODERS, RIGHT_PADDED
 from tests.models_checkpoints import loaded as loaded_model
 
 ATOL = 1e-4
 NEW_TOKENS = 6
-# The decode path of the families whose attention differs most (MQA with a sliding window,
-# soft caps and alternating windows, q/k norms with per-layer RoPE, fused qkv); fewer
-# cases keep the compile time of every leg low.
-GENERATION_CASES = ["mistral", "gemma2", "gemma3", "phi3"]
+# The decode path of the families whose attention or blocks differ most (MQA with a
+# sliding window, soft caps and alternating windows, q/k norms with per-layer RoPE, fused
+# qkv, learned positions, a parallel residual with partial rotary); fewer cases keep the
+# compile time of every leg low.
+GENERATION_CASES = ["mistral", "gemma2", "gemma3", "phi3", "gpt2", "gpt_neox"]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,7 @@ def loaded(tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 def test_outputs_equal_transformers(loaded, case):
     made, model = loaded(case)
+    assert model.family == CASES[case][3]
     # One call for both batches: the unpadded rows, then the padded ones.
     token_ids = np.concatenate([made.token_ids, made.token_ids])
     padding_mask = np.concatenate([np.ones_like(made.padding_mask), made.padding_mask])
@@ -42,11 +45,13 @@ def test_outputs_equal_transformers(loaded, case):
     unpadded, padded = outputs[:2], outputs[2:]
     np.testing.assert_allclose(unpadded, made.reference, atol=ATOL, rtol=0)
     valid = made.padding_mask.astype(bool)
-    if case == "bert":
-        valid[:] = True  # every query row of BERT is defined: only keys are masked
+    if case in ENCODERS:
+        valid[:] = True  # every query row of an encoder is defined: only keys are masked
     np.testing.assert_allclose(padded[valid], made.reference_padded[valid], atol=ATOL, rtol=0)
-    # The padded row really differs from the unpadded one (the mask is applied).
-    assert np.abs(padded[1, 3:6] - unpadded[1, 3:6]).max() > 1e-3
+    if case not in RIGHT_PADDED or case in ENCODERS:
+        # The padded row really differs from the unpadded one (the mask is applied); a
+        # right-padded causal row does not, its real tokens never see the padding.
+        assert np.abs(padded[1, 3:6] - unpadded[1, 3:6]).max() > 1e-3
     # A bare token-ids tensor is the unpadded batch.
     if case == "llama":
         np.testing.assert_allclose(
@@ -59,7 +64,8 @@ def test_greedy_generation_equals_transformers(loaded, case):
     import torch
 
     made, model = loaded(case)
-    prompt, mask = made.token_ids[:, :7], made.padding_mask[:, :7]
+    prompt, mask = made.token_ids[:, :7], np.ones((2, 7), dtype=np.int64)
+    mask[1, :3] = 0  # generation takes left-padded prompts
     with torch.no_grad():
         expected = made.model.generate(
             input_ids=torch.from_numpy(prompt),

@@ -80,7 +80,9 @@ def context_length(spec) -> int | None:
     """
     explicit = getattr(spec, "max_position_embeddings", None)
     if isinstance(explicit, int) and explicit > 0:
-        return explicit
+        # RoBERTa's position table also holds the rows up to its padding index.
+        padding = getattr(spec, "position_padding_idx", None)
+        return explicit if padding is None else explicit - padding - 1
     raw = getattr(spec, "raw", None) or {}
     for config in (raw, raw.get("text_config") or {}, raw.get("llm_config") or {}):
         if not isinstance(config, dict):

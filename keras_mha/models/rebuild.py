@@ -15,8 +15,11 @@ q, k and v projections, and RoPE scalings other than linear and llama3 (YaRN,
 dynamic NTK, LongRoPE). Layers without attention (Jamba's Mamba layers) raise
 `ValueError`.
 
+Its weights come from a checkpoint through the family's tensor names
+(`keras_mha.models.load_attention_weights`, the table whole models load with).
+
 Example:
-    >>> from keras_mha.cards.rebuild import build_attention
+    >>> from keras_mha.models.rebuild import build_attention
     >>> from keras_mha.cards.spec import from_config
     >>> spec = from_config({"model_type": "qwen2", "hidden_size": 64,
     ...     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
@@ -187,10 +190,6 @@ def attention_layer_arguments(
         }
 
     use_rope = layer.use_rope
-    scale = layer.scale
-    if spec.family == "gpt2" and spec.raw.get("scale_attn_by_inverse_layer_idx"):
-        # GPT-2 option (ModelSpec has no field for it): layer i divides its logits by i + 1.
-        scale = scale / (layer_index + 1)
     arguments = {
         **common,
         "num_heads": layer.num_heads,
@@ -198,7 +197,7 @@ def attention_layer_arguments(
         "head_dim": layer.head_dim,
         "causal": layer.causal,
         "sliding_window": layer.sliding_window,
-        "attention_scale": scale,
+        "attention_scale": layer.scale,
         "logit_soft_cap": layer.logit_soft_cap,
     }
     if layer.qk_norm == "rms":
