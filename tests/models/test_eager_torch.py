@@ -5,12 +5,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.cards.spec import from_config
-from keras_mha.models import build_model
 from keras_mha.models.blocks import RMSNorm
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 from keras_mha.models.supported import ACTIVATIONS
-from tests.configs import tiny_llama
 from tests.conftest import current_backend
 
 pytestmark = pytest.mark.skipif(current_backend() != "torch", reason="eager PyTorch only")
@@ -96,25 +93,32 @@ def test_layers_outside_what_the_fast_calls_cover_keep_their_keras_call():
         np.testing.assert_array_equal(_numpy(dense(layer, inputs)), _numpy(layer(inputs)))
 
 
-@pytest.fixture(scope="module")
-def model():
-    config = tiny_llama(head_dim=8, tie_word_embeddings=True, attention_bias=True)
-    return build_model(from_config(config))
+# The block traits the families' data select: RMS norms and a gated MLP (Llama); (1 + w)
+# norms, sandwich norms and soft caps (Gemma 2); LayerNorms with biases, a plain MLP with
+# biases, learned positions and fused q/k/v (GPT-2); a parallel residual (GPT-NeoX).
+TRAITS = {
+    "llama": {"Dense", "Embedding", "RMSNorm"},
+    "gemma2": {"Dense", "Embedding", "RMSNorm"},
+    "gpt2": {"Dense", "Embedding", "LayerNormalization"},
+    "gpt_neox": {"Dense", "Embedding", "LayerNormalization"},
+}
 
 
-def test_a_models_prefill_and_step_equal_the_keras_path(model, monkeypatch):
+@pytest.mark.parametrize("case", sorted(TRAITS))
+def test_a_models_prefill_and_step_equal_the_keras_path(case, tmp_path_factory, monkeypatch):
     import torch
 
     from keras_mha.models.eager_torch import LAYER_CALLS, eager_calls
+    from tests.models_checkpoints import loaded
 
+    _, model = loaded(tmp_path_factory, case)
     used = []
     for kind, function in list(LAYER_CALLS.items()):
         monkeypatch.setitem(LAYER_CALLS, kind, _spy(function, kind, used))
-
     assert supports_direct_calls(model)
     rng = np.random.default_rng(5)
-    prompt = keras.ops.convert_to_tensor(rng.integers(0, 50, (2, 5)).astype("int32"))
-    token = keras.ops.convert_to_tensor(rng.integers(0, 50, (2, 1)).astype("int32"))
+    prompt = keras.ops.convert_to_tensor(rng.integers(0, 100, (2, 5)).astype("int32"))
+    token = keras.ops.convert_to_tensor(rng.integers(0, 100, (2, 1)).astype("int32"))
     key_mask = np.ones((2, 64), dtype=bool)
     key_mask[0, :2] = False
     key_mask = keras.ops.convert_to_tensor(key_mask)
@@ -127,7 +131,7 @@ def test_a_models_prefill_and_step_equal_the_keras_path(model, monkeypatch):
         outputs[fast] = [_numpy(prefill), _numpy(step), *[_numpy(c) for c in _leaves(caches)]]
     for keras_path, fast_path in zip(outputs[False], outputs[True], strict=True):
         np.testing.assert_array_equal(fast_path, keras_path)
-    assert {kind.__name__ for kind in used} == {"Dense", "Embedding", "RMSNorm"}
+    assert {kind.__name__ for kind in used} == TRAITS[case]
 
 
 def _spy(function, kind, used):
