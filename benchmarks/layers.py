@@ -8,11 +8,12 @@ one), with the same weights and inputs:
   `GroupQueryAttention` and a hand-written `reference` (the projections as
   matmuls plus the backend's fused kernel, `benchmarks.backends`);
 - `decode`: one cached decode step at `--decode-context` through the layer's
-  public cache API (`init_cache`, `layer(x, cache=..., cache_index=...)`; on
-  TensorFlow the documented serving path, `init_cache(..., variables=True)`)
-  against the hand-written in-place reference step, keras-mha's MHA step
-  beside keras-hub's `CachedMultiHeadAttention` at the same MHA shapes, and
-  recomputing all context + 1 tokens.
+  public serving path (`init_cache`, then `layer.make_decode_function()`: a donated
+  `jax.jit`, an XLA `tf.function` on a cache of variables, eager or `torch.compile`
+  steps under `torch.no_grad()`) against the hand-written in-place reference step,
+  at the GQA shapes and at MHA shapes (keras-mha's `MultiHeadAttention`, its
+  reference, and keras-hub's `CachedMultiHeadAttention`), and recomputing all
+  context + 1 tokens.
 
 Each figure is the median of timed calls after warm-up (the first compiles).
 The implementations of one comparison run in one fresh process, their calls
@@ -54,16 +55,20 @@ from keras_mha.errors import KerasMHAError, MissingDependencyError, UsageError
 CASES = ("mha", "gqa", "decode")
 DTYPES = ("float32", "bfloat16", "float16")
 FORWARD, FORWARD_BACKWARD, STEP, RECOMPUTE = "forward", "forward+backward", "step", "recompute"
-OURS, KERAS, REFERENCE, OURS_MHA, KERAS_HUB = (
+OURS, KERAS, REFERENCE, OURS_MHA, REFERENCE_MHA, KERAS_HUB = (
     "keras-mha",
     "keras",
     "reference",
     "keras-mha MHA",
+    "reference MHA",
     "keras-hub MHA",
 )
+# The decode rows at MHA shapes (as many KV heads as query heads).
+MHA_ROWS = (OURS_MHA, REFERENCE_MHA, KERAS_HUB)
 # Each row's output and time are compared with this row of its group (same weights and
-# input; keras-hub's MHA with keras-mha's MHA).
-BASELINE = {KERAS_HUB: OURS_MHA, OURS_MHA: OURS_MHA}
+# input; the MHA rows with keras-mha's MHA), and its time with this reference.
+BASELINE = {row: OURS_MHA for row in MHA_ROWS}
+REFERENCE_OF = {row: REFERENCE_MHA for row in MHA_ROWS}
 MEMORY_CALLS = 3
 _WORKER_MARKER = "@@keras-mha-bench@@"
 # glibc then unmaps every freed block over 64 KiB, TensorFlow skips its oneDNN pool:
@@ -164,7 +169,8 @@ def plan(config: Config, keras_hub_installed: bool = True) -> list[list[dict]]:
     groups = []
     for case in config.cases:
         if case == "decode":
-            steps = [OURS, REFERENCE, OURS_MHA] + ([KERAS_HUB] if keras_hub_installed else [])
+            steps = [OURS, REFERENCE, OURS_MHA, REFERENCE_MHA]
+            steps += [KERAS_HUB] if keras_hub_installed else []
             group = [{"case": case, "implementation": name, "mode": STEP} for name in steps]
             groups.append([*group, {"case": case, "implementation": OURS, "mode": RECOMPUTE}])
             continue
@@ -282,7 +288,7 @@ def prepare(entry: dict, config: Config) -> _Prepared:
 
     options = {"tf_jit_compile": config.tf_jit_compile, "torch_compile": config.torch_compile}
     case, implementation, mode = entry["case"], entry["implementation"], entry["mode"]
-    mha = case == "mha" or implementation in (OURS_MHA, KERAS_HUB)
+    mha = case == "mha" or implementation in MHA_ROWS
     kv_heads = config.heads if mha else config.kv_heads
     causal = config.causal or case == "decode"
     ours = _keras_mha_layer(config, mha, causal, seed=43 if mha else 42)
@@ -313,19 +319,25 @@ def prepare(entry: dict, config: Config) -> _Prepared:
     context = config.decode_context
     x = _input(config, context + 1)
     prefill = x[:, :context]
-    if implementation == REFERENCE:
+    if implementation in (REFERENCE, REFERENCE_MHA):
         weights, shape = backends.reference_weights(ours)
         step, params, state = backends.reference_decode(weights, shape, prefill, context + 1)
-        options["tf_jit_compile"] = True
-    else:
-        layer = _keras_hub_layer(ours, config) if implementation == KERAS_HUB else ours
-        step, params = backends.layer_step(
-            layer, backends.keras_hub_step if implementation == KERAS_HUB else None
-        )
+        run = backends.compile_step(step, **{**options, "tf_jit_compile": True})
+    elif implementation == KERAS_HUB:
+        layer = _keras_hub_layer(ours, config)
+        step, params = backends.layer_step(layer, backends.keras_hub_step)
         state = _prefilled_cache(layer, implementation, prefill, context + 1)
-        if getattr(state, "in_place", False):
-            step, state = backends.in_place_step(step, state), ()
-    run = backends.compile_step(step, **options)
+        run = backends.compile_step(step, **options)
+    else:
+        # keras-mha's own decode function: the backend's serving path, picked by the layer.
+        decode = ours.make_decode_function(
+            compile_torch=config.torch_compile, jit_compile=config.tf_jit_compile
+        )
+        state, params = _prefilled_cache(ours, implementation, prefill, context + 1), []
+
+        def run(params, token, cache, index):
+            return decode(token, cache, index)
+
     holder = {"state": state}
 
     def call(arguments):
@@ -591,9 +603,7 @@ def summarise(rows: list[dict], roofline: dict) -> None:
         low, median, high = quartiles(row["times_ms"])
         row.update(median_ms=median, quartiles_ms=[low, high])
         baseline = group.get((BASELINE.get(row["implementation"], OURS), mode))
-        # The reference is GQA-shaped in the decode case: no % of it for the MHA rows.
-        mha_row = row["implementation"] in BASELINE
-        reference = None if mha_row else group.get((REFERENCE, mode))
+        reference = group.get((REFERENCE_OF.get(row["implementation"], REFERENCE), mode))
         row["time_vs_keras_mha"] = paired_ratio(row, baseline) if baseline else None
         row["percent_of_reference"] = 100 / paired_ratio(row, reference) if reference else None
         seconds = median / 1000.0
@@ -690,7 +700,7 @@ def _cells(row: dict, decode: bool) -> list[str]:
         f"{_ms(row['median_ms'])} ({_ms(low)}-{_ms(high)})",
         "-"
         if ratio is None
-        else f"{ratio:.2f}x" + (" MHA" if row["implementation"] == KERAS_HUB else ""),
+        else f"{ratio:.2f}x" + (" MHA" if row["implementation"] in MHA_ROWS[1:] else ""),
         "-" if reference is None else f"{reference:.0f}%",
         roofline,
         "n/a" if row["peak_mb"] is None else f"{row['peak_mb']:.1f}",
@@ -740,7 +750,8 @@ def render(results: dict, markdown: bool = False) -> str:
         lines += [
             "",
             "decode % of roofline: steps = K/V bytes read per second / copy bandwidth (bw); "
-            "the recompute = FLOP/s / matmul peak. keras-hub MHA compares with keras-mha MHA.",
+            "the recompute = FLOP/s / matmul peak. The MHA rows compare with keras-mha MHA "
+            "and reference MHA.",
         ]
         if not results["keras_hub"]:
             lines.append("keras-hub is not installed: no keras-hub row.")

@@ -1,42 +1,33 @@
-"""The attention computation itself: one generic path and one fused dispatch.
+"""The attention computation itself: the generic path, the fused dispatch, blockwise causal.
 
-Everything here takes projected heads in the layout
+Everything here takes projected heads, queries `(batch, query_length, num_heads,
+head_dim)` and keys/values `(batch, key_length, num_key_value_heads, head_dim)`, and
+never repeats K/V for grouped-query attention: the queries are grouped instead,
+`(B, T, Hkv, G, D)` against `(B, S, Hkv, D)`. Masks are boolean, `True` where a query
+may attend, broadcastable to `(B, 1 | H, T, S)`; a row with nothing to attend gives
+zeros.
 
-    query: (batch, query_length, num_heads, head_dim)
-    key, value: (batch, key_length, num_key_value_heads, head_dim)
+- `grouped_attention`: `keras.ops` only, the reference, and the path for attention
+  weights, dropout and logit soft-capping;
+- `fused_attention`: the fastest primitive of each backend (`jax.nn` /
+  `keras.ops.dot_product_attention`, torch SDPA without repeating K/V, the grouped
+  einsum for GQA on TensorFlow), tested against `grouped_attention`;
+- `blockwise_causal_attention`: long causal self-attention one block of queries at a
+  time, never forming the masked triangle, where no fused kernel skips it.
 
-and never repeats K/V for grouped-query attention: the queries are grouped
-instead, `(B, T, Hkv, G, D)` against `(B, S, Hkv, D)`.
+Which call takes which, and why: docs/concepts/attention-paths.md.
 
-`grouped_attention` is written with `keras.ops` only and is the reference. It
-is the path for attention weights, dropout and logit soft-capping.
-
-`fused_attention` uses the fastest primitive each backend has, and is tested
-against `grouped_attention`:
-
-- JAX: `keras.ops.dot_product_attention`, which calls
-  `jax.nn.dot_product_attention` (native GQA; cuDNN flash attention on GPU).
-- PyTorch: `torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`.
-  `keras.ops.dot_product_attention` on torch repeats K/V for GQA
-  (`repeat_interleave`), which is exactly the copy GQA exists to avoid.
-- TensorFlow: `keras.ops.dot_product_attention` for MHA only; for GQA it would
-  `tf.repeat` K/V, and with a single KV head (MQA) its einsum does not
-  broadcast, so both use the grouped einsum.
-
-`blockwise_causal_attention` splits long causal self-attention into blocks of
-queries, block `i` attending only to the keys up to its last position, so the
-masked upper triangle of the logits is never computed or stored. Where the
-backend has no fused kernel that skips it (JAX and TensorFlow on CPU), this
-halves the work and the peak memory of long causal calls.
-
-Masks are boolean, `True` where a query may attend, broadcastable to
-`(batch, 1 | num_heads, query_length, key_length)`. A query row with nothing
-to attend yields zeros (never NaN, never a uniform average).
+Example:
+    >>> q = keras.random.normal((2, 5, 8, 16))
+    >>> kv = keras.random.normal((2, 7, 2, 16))
+    >>> fused_attention(q, kv, kv, scale=16**-0.5).shape
+    (2, 5, 8, 16)
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import keras
 from keras import ops
@@ -201,6 +192,23 @@ def fused_attention(
     return output
 
 
+def reads_cache_prefix_cheaply():
+    """Whether slicing a cache's written prefix is a free view: eager PyTorch.
+
+    Elsewhere a step attends to the whole fixed-length cache under a mask: a
+    slice would copy under XLA, and a new length per step would recompile.
+
+    Example:
+        >>> reads_cache_prefix_cheaply() == (keras.backend.backend() == "torch")  # doctest: +SKIP
+        True
+    """
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return not torch.compiler.is_compiling()
+
+
 def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_causal=False):
     backend = keras.backend.backend()
     num_heads, num_key_value_heads = query.shape[2], key.shape[2]
@@ -343,15 +351,35 @@ def causal_mask_for(query, key):
     return (key_positions <= query_positions)[None, None]
 
 
-def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=False):
-    import torch.nn.functional as functional
+_MODULES = {}
 
+
+def backend_module(name):
+    """A backend's module (`"torch.nn.functional"`), imported on first use and kept.
+
+    For the eager decode paths, where an import statement costs more than a kernel
+    launch; this module itself loads without the backend installed.
+
+    Example:
+        >>> backend_module("torch.nn.functional").scaled_dot_product_attention  # doctest: +SKIP
+    """
+    module = _MODULES.get(name)
+    if module is None:
+        module = _MODULES[name] = importlib.import_module(name)
+    return module
+
+
+def _torch_functional():
+    return backend_module("torch.nn.functional")
+
+
+def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=False):
     if not key_heads_first:
         key, value = key.transpose(1, 2), value.transpose(1, 2)
     num_heads, num_key_value_heads = query.shape[2], key.shape[1]
     if query.shape[1] == 1 and num_heads != num_key_value_heads:
-        return _torch_sdpa_one_query(query, key, value, mask, scale=scale)
-    output = functional.scaled_dot_product_attention(
+        return torch_one_query_attention(query, key, value, mask, scale=scale)
+    output = _torch_functional().scaled_dot_product_attention(
         query.transpose(1, 2),
         key,
         value,
@@ -363,15 +391,19 @@ def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=Fa
     return output.transpose(1, 2)
 
 
-def _torch_sdpa_one_query(query, key, value, mask, *, scale):
-    """One query token: the query heads of each group become that group's queries.
+def torch_one_query_attention(query, key, value, mask, *, scale):
+    """PyTorch: one query token `(B, 1, H, D)` over a heads-first cache `(B, Hkv, S, D)`.
 
-    `(B, 1, Hkv * G, D)` is viewed as `(B, Hkv, G, D)` against `(B, Hkv, S, D)`:
-    plain multi-head SDPA with `G` queries per head, no `enable_gqa` (whose CPU
-    kernel walks each query head separately) and no copy.
+    The query heads of each group become that group's queries: `(B, 1, Hkv * G, D)`
+    is viewed as `(B, Hkv, G, D)`, plain multi-head SDPA with `G` queries per head, no
+    `enable_gqa` (whose CPU kernel walks each query head separately) and no copy.
+    `mask`: None or boolean, broadcastable to `(B, 1 | H, 1, S)`, with no empty row.
+
+    Example:
+        >>> q, kv = torch.randn(1, 1, 8, 16), torch.randn(1, 2, 32, 16)
+        >>> torch_one_query_attention(q, kv, kv, None, scale=0.25).shape
+        torch.Size([1, 1, 8, 16])
     """
-    import torch.nn.functional as functional
-
     batch, _, num_heads, head_dim = query.shape
     num_key_value_heads = key.shape[1]
     groups = num_heads // num_key_value_heads
@@ -382,7 +414,7 @@ def _torch_sdpa_one_query(query, key, value, mask, *, scale):
             mask = mask[:, :, 0][:, :, None]
         else:
             mask = mask.reshape(mask.shape[0], num_key_value_heads, groups, mask.shape[-1])
-    output = functional.scaled_dot_product_attention(
+    output = _torch_functional().scaled_dot_product_attention(
         grouped, key, value, attn_mask=mask, scale=scale
     )
     # (B, Hkv, G, Dv) -> (B, 1, H, Dv): the heads are in order, so this is a view.

@@ -1,30 +1,21 @@
-"""Query tokens against the KV cache, written so that XLA on CPU reads the cache once.
+"""Query tokens against a KV cache, written so that XLA on CPU does not copy the cache.
 
 Two paths, each for the backend where it was measured faster than the grouped einsum
-of `attention_kernels.grouped_attention`: `flat_cache_attention` on TensorFlow (two
-flat matmuls that read the cache in place, with a variable cache updated by a scatter:
-see `kv_cache.py`), and `single_query_attention` on JAX's CPU backend, below.
+of `attention_kernels.grouped_attention` over the updated cache:
 
-The general path computes the logits and the weighted values as batched matmuls
-(`einsum`). On XLA's CPU backend a matmul operand is a *reshaped* view of the cache
-(`(B, Hkv, S, D)` seen as `(B * Hkv, S, D)`), and when the cache was just updated in
-place by `dynamic_update_slice` XLA fuses the update into that reshape: the update
-is then done twice and, to keep the donated buffer intact, both the key and the value
-cache are copied several times per step (measured: four copies of each in a
-grouped-query step, the step 1.3-1.5x slower than a hand-written reference).
+- `flat_cache_attention` on TensorFlow: two flat matmuls that read a cache of
+  variables, updated in place by a scatter (`kv_cache.py`), as it lies;
+- `single_query_attention` for one query token on JAX's CPU backend: attention over
+  the cache as the step received it plus the step's own key, so that the matmuls
+  never read the buffers the step updates in place.
 
-Here the two products are elementwise multiplies and sums over the cache in its own
-4-D shape, which XLA fuses into loops reading the updated buffer in place: no copy
-of the cache at all. Used for a single query token on JAX's CPU backend with
-several query heads per KV head and a float32 cache; with one query head per KV head
-(multi-head attention) XLA's matrix-vector kernels are faster, and with a bfloat16
-cache converting it element by element to float32 costs more than the copies
-(measured: 0.47x the reference's speed against 1.02x), so the einsum path stays.
+Why the general einsum copies, with the measurements, is in
+docs/concepts/attention-paths.md.
 
 Example:
-    >>> q = keras.random.normal((1, 1, 8, 16))
-    >>> k = keras.random.normal((1, 2, 32, 16))
-    >>> single_query_attention(q, k, k, None, scale=0.25).shape
+    >>> q = keras.random.normal((1, 1, 8, 16)); new = keras.random.normal((1, 1, 2, 16))
+    >>> cache = keras.random.normal((1, 2, 32, 16))
+    >>> single_query_attention(q, new, new, cache, cache, None, position=5, scale=0.25).shape
     (1, 1, 8, 16)
 """
 
@@ -100,47 +91,83 @@ def flat_cache_attention(query, key, value, mask, *, scale, rows_may_be_empty=Tr
     return ops.reshape(output, (batch, length, num_heads, value.shape[-1]))
 
 
-def applies(query, key):
-    """Whether `single_query_attention` is the faster path for these shapes here."""
+def applies(query):
+    """Whether `single_query_attention` is the path for this step: one query token, JAX-CPU.
+
+    Example:
+        >>> applies(ops.ones((1, 1, 8, 16)))  # doctest: +SKIP
+        True
+    """
     if keras.backend.backend() != "jax" or query.shape[1] != 1:
         return False
-    if query.shape[2] == key.shape[1]:
-        return False  # One query head per KV head: the einsum path's matrix-vector kernels.
-    if keras.backend.standardize_dtype(key.dtype) != "float32":
-        return False  # Half-precision caches: converting every element costs more (measured).
     import jax
 
     return jax.default_backend() == "cpu"
 
 
-def single_query_attention(query, key, value, mask, *, scale, rows_may_be_empty=True):
-    """Attention of one query token `(B, 1, H, D)` over `key`, `value` `(B, Hkv, S, D)`.
+def single_query_attention(
+    query, new_key, new_value, key, value, mask, *, position, scale, rows_may_be_empty=True
+):
+    """Attention of one query token over a cache as it was before this step, plus its own key.
 
-    `mask`: None or boolean, broadcastable to `(B, 1 | H, 1, S)`. Softmax in float32;
-    a row with nothing to attend gives zeros, as `attention_kernels.grouped_attention`.
-    Returns `(B, 1, H, Dv)` in the dtype of `value`.
+    The step's key/value `(B, 1, Hkv, D)` go to cache position `position`; `key`, `value`
+    `(B, Hkv, S, D)` are the cache *before* that write, so that XLA reads them as
+    the step received them while the write updates the (donated) buffers in place;
+    reading the updated cache through the matmuls made XLA copy both buffers several
+    times per step (see docs/concepts/attention-paths.md). One softmax covers both
+    parts: the cache's positions other than `position`, and the new key.
+
+    Args:
+        query: `(B, 1, H, D)`.
+        new_key, new_value: `(B, 1, Hkv, D)`, this step's.
+        key, value: `(B, Hkv, S, D)`, the cache before the write.
+        mask: None or boolean, broadcastable to `(B, 1 | H, 1, S)`, over the cache with
+            the new token at `position` (the causal / cache mask included).
+        position: where the new token goes: a Python int or a scalar tensor.
+        scale: multiplier of the logits.
+        rows_may_be_empty: False when the mask leaves every row a key.
+
+    Returns:
+        `(B, 1, H, Dv)` in the dtype of `value`; softmax in float32, and a row with
+        nothing to attend gives zeros, as `attention_kernels.grouped_attention`.
+
+    Example:
+        >>> q = keras.random.normal((1, 1, 8, 16)); new = keras.random.normal((1, 1, 2, 16))
+        >>> k = keras.random.normal((1, 2, 32, 16))
+        >>> single_query_attention(q, new, new, k, k, None, position=5, scale=0.25).shape
+        (1, 1, 8, 16)
     """
     batch = ops.shape(query)[0]
     num_heads, head_dim = query.shape[2], query.shape[3]
-    kv_heads = key.shape[1]
+    kv_heads, max_length = key.shape[1], key.shape[2]
     groups = num_heads // kv_heads
-    grouped = ops.reshape(
-        query * ops.cast(scale, query.dtype), (batch, kv_heads, groups, 1, head_dim)
-    )
-    # (B, Hkv, G, 1, D) * (B, Hkv, 1, S, D) summed over D: (B, Hkv, G, S).
-    logits = ops.sum(ops.cast(grouped, "float32") * ops.cast(key[:, :, None], "float32"), axis=-1)
-    grouped_mask = None
+    grouped = ops.reshape(query * ops.cast(scale, query.dtype), (batch, kv_heads, groups, head_dim))
+    # (B, Hkv, G, S) over the old cache and (B, Hkv, G, 1) for the new key.
+    logits = ops.cast(ops.einsum("bkgd,bksd->bkgs", grouped, key), "float32")
+    new_key = ops.transpose(new_key, (0, 2, 1, 3))
+    new_logit = ops.cast(ops.einsum("bkgd,bksd->bkgs", grouped, new_key), "float32")
+    position = ops.cast(position, "int32")
+    old_allowed = ops.arange(max_length, dtype="int32") != position
+    new_allowed = None
     if mask is not None:
-        # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S).
+        # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S), the query axis folded away.
         if mask.shape[1] == 1:
             grouped_mask = mask[:, :, :1]
         else:
-            grouped_mask = ops.reshape(mask, (ops.shape(mask)[0], kv_heads, groups, mask.shape[-1]))
-        logits = ops.where(grouped_mask, logits, _MASKED_LOGIT)
-    weights = ops.softmax(logits, axis=-1)
-    if grouped_mask is not None and rows_may_be_empty:
-        weights = ops.where(ops.any(grouped_mask, axis=-1, keepdims=True), weights, 0.0)
-    # (B, Hkv, G, S, 1) * (B, Hkv, 1, S, Dv) summed over S: (B, Hkv, G, Dv), in float32.
-    output = ops.sum(weights[..., None] * ops.cast(value[:, :, None], "float32"), axis=3)
+            grouped_mask = ops.reshape(mask, (ops.shape(mask)[0], kv_heads, groups, max_length))
+        old_allowed = ops.logical_and(grouped_mask, old_allowed)
+        new_allowed = ops.take(grouped_mask, ops.reshape(position, (1,)), axis=-1)
+        new_logit = ops.where(new_allowed, new_logit, _MASKED_LOGIT)
+    logits = ops.where(old_allowed, logits, _MASKED_LOGIT)
+    peak = ops.maximum(ops.max(logits, axis=-1, keepdims=True), new_logit)
+    weights, new_weight = ops.exp(logits - peak), ops.exp(new_logit - peak)
+    total = ops.sum(weights, axis=-1, keepdims=True) + new_weight
+    attended = ops.einsum("bkgs,bksd->bkgd", ops.cast(weights, value.dtype), value)
+    new_value = ops.transpose(new_value, (0, 2, 1, 3))
+    output = (ops.cast(attended, "float32") + new_weight * ops.cast(new_value, "float32")) / total
+    if mask is not None and rows_may_be_empty:
+        # A row with nothing to attend would otherwise average every value.
+        has_key = ops.logical_or(ops.any(old_allowed, axis=-1, keepdims=True), new_allowed)
+        output = ops.where(has_key, output, 0.0)
     output = ops.cast(output, value.dtype)
     return ops.reshape(output, (batch, 1, num_heads, value.shape[-1]))

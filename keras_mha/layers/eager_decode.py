@@ -2,36 +2,23 @@
 
 An eager single-token step does little arithmetic (a few vector-matrix products and
 one pass over the cache), so its time goes to dispatch: every `keras.ops` call
-flattens and converts its arguments before reaching torch, and the general cache
-path runs some 60 of them (projections, RoPE, the write, masks, gates, the output
-projection). This module runs the same computation as torch calls on the layer's
-variables, with the same formulas and dtypes as the general path, so the outputs
-agree to float round-off (tested against it and against the full causal pass):
+converts its arguments before reaching torch, and the general cache path runs some
+60 of them. `step` runs the same computation as torch calls on the layer's variables,
+with the same formulas and dtypes, so the outputs agree to float round-off (tested
+against the general path and the full causal pass). The layer's `call` takes it
+where `applies` says so: eager PyTorch (not under `torch.compile`), self-attention
+written into the cache at a known position, autograd off or nothing requiring a
+gradient (the write is in place), the fused path allowed, no propagated padding mask.
 
-- projections as one matmul (an `addmm` with a bias) per kernel viewed
-  `(features, heads * head_dim)`;
-- q/k RMS norms in float32, RoPE with the layer's frequencies, angles computed once
-  for queries and keys;
-- the new keys/values written into the cache in place;
-- attention over the written prefix only (a view: no mask for a lone query), through
-  `attention_kernels.fused_attention`, which groups each KV head's query heads;
-- head gates and the output projection.
-
-It applies only where it is this simple: eager PyTorch (not under `torch.compile`),
-self-attention with a known (Python int or CPU tensor) `cache_index`, autograd off
-(the write is in place), the fused path allowed (no attention scores, no active
-dropout, no soft cap), no propagated padding masks. Elsewhere the general path runs.
-
-Once the step itself is this lean, Keras's `Layer.__call__` (argument binding, dtype
-conversion, name scopes, call context, mask propagation, the torch `Module` hooks)
-costs about as much as the step (measured: ~40% of a batch-1 step at context 2048 on
-a CPU). `skips_keras_call` tells the layer's `__call__` when that bookkeeping would
-hand the arguments to `call` unchanged and add nothing to the result, so that
-`__call__` may call `call` directly.
+`call_directly` is the eager step of `GroupedQueryAttention.make_decode_function`:
+it calls `layer.call` without Keras's `Layer.__call__` when `can_skip_keras_call`
+shows that `__call__` would hand the arguments on unchanged and add nothing to the
+result (its bookkeeping costs about as much as the step itself; see
+docs/concepts/attention-paths.md).
 
 Example:
     >>> with torch.no_grad():  # doctest: +SKIP
-    ...     output, cache = layer(token, cache=cache, cache_index=position)
+    ...     output, cache = call_directly(layer, token, cache, position, None)
 """
 
 from __future__ import annotations
@@ -42,76 +29,75 @@ import keras
 import numpy as np
 from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
-from keras_mha.layers import attention_kernels, kv_cache, masks
-from keras_mha.layers.linear import torch_linear
+from keras_mha.layers import attention_kernels, attention_paths, kv_cache, masks
 
 # RotaryEmbedding layer -> {(rotary_dim, device): inverse frequencies as a tensor}.
 _FREQUENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def applies(layer, query, cache, start, query_mask, causal, use_fused):
-    """Whether the torch step can run this call (`start`: the static cache index or None)."""
-    if keras.backend.backend() != "torch" or start is None or not use_fused:
-        return False
-    import torch
+def applies(layer, inputs, cache, start, options):
+    """Whether `step` can run this call of `layer`.
 
-    if torch.compiler.is_compiling() or query_mask is not None:
+    Args:
+        inputs: the call's `padding_masks.AttentionInputs`.
+        start: the Python int behind a `cache_index`, None when traced or absent.
+        options: the call's `attention_paths.AttentionOptions`.
+    """
+    if start is None or not options.use_fused or keras.backend.backend() != "torch":
         return False
-    if layer.sliding_window is not None and not causal:
+    torch = _torch()
+    if torch.compiler.is_compiling() or inputs.query_mask is not None:
+        return False
+    if layer.sliding_window is not None and not options.causal:
         return False  # A window without causality: left to the general path's masks.
     if not torch.is_grad_enabled():
         return True
     # Autograd on: the in-place cache write is only right when nothing needs a gradient.
-    tensors = [query, *cache, *(v.value for v in layer.trainable_variables)]
+    tensors = [inputs.query, *cache, *(v.value for v in layer.trainable_variables)]
     return not any(getattr(t, "requires_grad", False) for t in tensors)
 
 
-# The keyword arguments a decode step may pass through the fast call (see below).
-_FAST_CALL_KEYWORDS = frozenset(
-    ("cache", "cache_index", "attention_mask", "use_causal_mask", "training")
-)
-_KERAS_DTYPES = {}  # torch dtype -> Keras dtype name, filled on first use
+def call_directly(layer, query, cache, cache_index, attention_mask):
+    """`layer(query, cache=..., cache_index=..., attention_mask=...)` without `__call__`.
+
+    Only where `can_skip_keras_call(...)` is True; the result is the same.
+    """
+    if not layer._called:
+        layer._called = True  # what Layer.__call__ would record
+    return layer.call(query, attention_mask=attention_mask, cache=cache, cache_index=cache_index)
 
 
-def skips_keras_call(layer, args, kwargs):
-    """Whether `Layer.__call__(*args, **kwargs)` would equal `layer.call(*args, **kwargs)`.
+def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
+    """Whether `Layer.__call__` would equal `layer.call` for this decode step.
 
-    True only for an eager PyTorch decode step with autograd off,
-    `layer(query, cache=..., cache_index=...[, attention_mask=, use_causal_mask=,
-    training=])`, where everything `Layer.__call__` does is a no-op:
+    True only for an eager PyTorch decode step with autograd off where everything
+    `Layer.__call__` does is a no-op:
 
     - the layer is built and its name-scope path set (it was called or built
       through Keras once), it is not quantized, rematerialized or
-      activity-regularized, has no input spec, and its variables are in its compute
-      dtype, with no autocast, stateless or symbolic scope around the call (so
-      reading a variable's tensor directly gives what `variable.value` gives);
+      activity-regularized, has no input spec, its variables are in its compute
+      dtype, and no distribution, autocast, stateless or symbolic scope is active;
     - `query` and the cache buffers are torch tensors already in the compute dtype
       (nothing to convert), `query` carries no Keras padding mask (nothing to
       propagate), `cache_index` is an int or an integer tensor and `attention_mask`
       None or a non-floating tensor (Keras converts floating tensors only);
-    - `training` cannot change the result (no dropout, or `training` given: Keras
-      resolves it from an enclosing call only when it is None);
+    - no dropout (`training` would come from an enclosing call);
     - no torch module hooks (global or on the layer), no `Module.compile()`, and not
       under `torch.compile` tracing (which keeps the general path).
 
     Example:
         >>> with torch.no_grad():  # doctest: +SKIP
-        ...     skips_keras_call(layer, (token,), {"cache": cache, "cache_index": 5})
+        ...     can_skip_keras_call(layer, token, cache, 5, None)
         True
     """
-    if len(args) != 1 or not kwargs.keys() <= _FAST_CALL_KEYWORDS:
+    if keras.backend.backend() != "torch":
         return False
-    cache, cache_index = kwargs.get("cache"), kwargs.get("cache_index")
-    if cache is None or cache_index is None or keras.backend.backend() != "torch":
-        return False
-    import torch
-
+    torch = _torch()
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    query = args[0]
     if not isinstance(query, torch.Tensor) or getattr(query, "_keras_mask", None) is not None:
         return False
-    if _keras_dtype(query.dtype) != layer.compute_dtype:
+    if kv_cache.dtype_name(query.dtype) != layer.compute_dtype:
         return False
     if type(cache) not in (tuple, list, kv_cache.KVCache) or len(cache) != 2:
         return False
@@ -123,27 +109,16 @@ def skips_keras_call(layer, args, kwargs):
             return False
     elif isinstance(cache_index, bool) or not isinstance(cache_index, (int, np.integer)):
         return False
-    mask = kwargs.get("attention_mask")
-    if mask is not None and not (isinstance(mask, torch.Tensor) and not mask.is_floating_point()):
+    if attention_mask is not None and not (
+        isinstance(attention_mask, torch.Tensor) and not attention_mask.is_floating_point()
+    ):
         return False
-    if kwargs.get("use_causal_mask") not in (None, True, False):
-        return False
-    if layer.dropout and kwargs.get("training") is None:
-        return False
-    return _layer_call_is_plain(layer)
-
-
-def _keras_dtype(torch_dtype):
-    name = _KERAS_DTYPES.get(torch_dtype)
-    if name is None:
-        name = _KERAS_DTYPES[torch_dtype] = keras.backend.standardize_dtype(torch_dtype)
-    return name
+    return not layer.dropout and _layer_call_is_plain(layer)
 
 
 def _layer_call_is_plain(layer):
     """No Keras or torch machinery of `__call__` is active for `layer` (see above)."""
-    from torch.nn.modules import module
-
+    module = _torch().nn.modules.module
     if not layer.built or layer._parent_path is None or layer.input_spec is not None:
         return False
     if getattr(layer, "quantization_mode", None) is not None or layer._remat_mode:
@@ -180,19 +155,30 @@ def _stored_value(variable):
     return variable.value if value is None else value
 
 
-def _project(rows, kernel, bias, shape):
-    """`rows` `(B * T, features)` through `kernel` `(features, heads, D)`: `(B, T, heads, D)`."""
+def _variable_reader():
+    """How `step` reads variables: their stored tensors when that is what `.value` gives.
+
+    `.value` looks up the stateless and autocast scopes and the default device
+    (a `meta` device gives placeholders) for every variable; once per step is enough.
+    """
+    if in_stateless_scope() or get_autocast_scope() is not None or _on_meta_device():
+        return _keras_value
+    return _stored_value
+
+
+def _on_meta_device():
+    core = attention_kernels.backend_module("keras.src.backend.torch.core")
+    return str(core.get_device()) == "meta"
+
+
+def _linear(rows, kernel, bias):
+    """`rows` `(N, features)` times `kernel` viewed `(features, -1)`, plus `bias` in one addmm."""
     matrix = kernel.reshape(rows.shape[1], -1)
-    if bias is None:
-        out = rows @ matrix
-    else:  # One addmm, as the general path's `linear`.
-        out = torch_linear(rows, matrix, bias.reshape(-1))
-    return out.view(*shape, kernel.shape[1], -1)
+    return rows @ matrix if bias is None else bias.reshape(-1).addmm(rows, matrix)
 
 
 def _rms_norm(layer, heads, scale):
-    import torch
-
+    torch = _torch()
     x = heads.float()
     x = x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + layer.qk_norm_epsilon)
     return (x * scale.float()).to(heads.dtype)
@@ -200,8 +186,7 @@ def _rms_norm(layer, heads, scale):
 
 def _rope(layer, tensors, start):
     """Rotate `tensors` `(B, T, heads, D)` at positions `start ..`, as `RotaryEmbedding`."""
-    import torch
-
+    torch = _torch()
     rope = layer.rotary_embedding
     head_dim = tensors[0].shape[-1]
     rotary_dim = rope.rotary_dim(head_dim)
@@ -232,97 +217,101 @@ def _rope(layer, tensors, start):
     return rotated
 
 
-def step(layer, query, cache, start, attention_mask, causal, outside_keras_scopes=False):
+def step(layer, query, cache, start, attention_mask, options):
     """`(output, cache)` of self-attention with `cache` written at `start` (a Python int).
 
-    `outside_keras_scopes`: the caller checked that no Keras scope is active
-    (`skips_keras_call`), so the variables' tensors are read directly.
+    `cache` is a checked `KVCache`; `options` the call's `attention_paths.AttentionOptions`.
     """
-    import torch
-
-    read = _stored_value if outside_keras_scopes else _keras_value
-    heads = layer.num_heads
-    use_bias = layer.use_bias
-    batch, query_length = query.shape[0], query.shape[1]
-    rows = query.reshape(batch * query_length, -1)  # once for the three projections
+    read = _variable_reader()
+    batch, length, head_dim = query.shape[0], query.shape[1], layer.head_dim
+    rows = query.reshape(batch * length, -1)  # once for the three projections
+    biases = layer.use_bias
     q, k, v = (
-        _project(
-            rows,
-            read(getattr(layer, f"{name}_kernel")),
-            read(getattr(layer, f"{name}_bias")) if use_bias else None,
-            (batch, query_length),
+        _linear(rows, read(kernel), read(bias) if biases else None).view(
+            batch, length, -1, head_dim
         )
-        for name in ("query", "key", "value")
+        for kernel, bias in (
+            (layer.query_kernel, getattr(layer, "query_bias", None)),
+            (layer.key_kernel, getattr(layer, "key_bias", None)),
+            (layer.value_kernel, getattr(layer, "value_bias", None)),
+        )
     )
     if layer.use_qk_norm:
         q = _rms_norm(layer, q, read(layer.query_norm_scale))
         k = _rms_norm(layer, k, read(layer.key_norm_scale))
     if layer.use_rope:
         q, k = _rope(layer, (q, k), start)
-    stop = start + query_length
-    if query_length == 1:  # (B, 1, Hkv, D) into column `start` of (B, Hkv, S, D)
+    stop = start + length
+    if length == 1:  # (B, 1, Hkv, D) into column `start` of (B, Hkv, S, D)
         cache.key.select(2, start).copy_(k.select(1, 0))
         cache.value.select(2, start).copy_(v.select(1, 0))
     else:
         cache.key[:, :, start:stop] = k.transpose(1, 2)
         cache.value[:, :, start:stop] = v.transpose(1, 2)
-
-    scale = layer._scale()
-    plain_causal = causal and attention_mask is None and layer.sliding_window is None
-    if start == 0 and query_length > 1 and plain_causal:
-        # A prefill: the kernel's own causal mask, as the general path.
-        attended = attention_kernels.fused_attention(
-            q, k, v, None, scale=scale, is_causal=True, rows_may_be_empty=False
+    if length == 1 and attention_mask is None:
+        # A lone query sees the whole written prefix (a view): no mask at all.
+        first, _ = attention_paths.visible_prefix(start, 1, layer.sliding_window, options.causal)
+        attended = attention_kernels.torch_one_query_attention(
+            q, cache.key[:, :, first:stop], cache.value[:, :, first:stop], None, scale=options.scale
         )
-        return _output(layer, attended, batch, query_length, read), cache
-    first = 0
-    if layer.sliding_window is not None and causal:
-        first = max(0, start - layer.sliding_window + 1)
+    else:
+        attended = _attend_chunk(layer, q, k, v, cache, start, attention_mask, options)
+    return _output(layer, attended, batch, length, read), cache
+
+
+def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
+    """Attention of `length` queries at `start ..`, or of one query under a mask."""
+    torch = _torch()
+    batch, length = q.shape[0], q.shape[1]
+    causal, window = options.causal, layer.sliding_window
+    if start == 0 and length > 1 and causal and attention_mask is None and window is None:
+        # A prefill: the kernel's own causal mask, as the general path.
+        return attention_kernels.fused_attention(
+            q, k, v, None, scale=options.scale, is_causal=True, rows_may_be_empty=False
+        )
+    first, stop = attention_paths.visible_prefix(start, length, window, causal)
     keys, values = cache.key[:, :, first:stop], cache.value[:, :, first:stop]
     mask = None
     if attention_mask is not None:
         mask = masks.normalise_attention_mask(
             attention_mask,
             batch=batch,
-            query_length=query_length,
+            query_length=length,
             key_length=cache.max_length,
-            num_heads=heads,
+            num_heads=layer.num_heads,
         )[..., first:stop]
-    if query_length > 1 and causal:
+    if length > 1 and causal:
         # Query i (at start + i) sees keys up to start + i of the prefix [first, stop);
         # a lone query sees the whole prefix, so it needs no mask.
-        key_positions = torch.arange(first, stop, device=query.device)
-        query_positions = torch.arange(start, stop, device=query.device)[:, None]
+        key_positions = torch.arange(first, stop, device=q.device)
+        query_positions = torch.arange(start, stop, device=q.device)[:, None]
         allowed = key_positions <= query_positions
-        if layer.sliding_window is not None:
-            allowed = allowed & (query_positions - key_positions < layer.sliding_window)
+        if window is not None:
+            allowed = allowed & (query_positions - key_positions < window)
         mask = allowed[None, None] if mask is None else mask & allowed
-    if keys.dtype != q.dtype:
-        keys, values = keys.to(q.dtype), values.to(q.dtype)
-    attended = attention_kernels.fused_attention(
+    return attention_kernels.fused_attention(
         q,
         keys,
         values,
         mask,
-        scale=scale,
+        scale=options.scale,
         rows_may_be_empty=attention_mask is not None,
         key_heads_first=True,
     )
-    return _output(layer, attended, batch, query_length, read), cache
 
 
-def _output(layer, attended, batch, query_length, read):
-    """Head gates, then the output projection, as `GroupedQueryAttention._finish`."""
+def _output(layer, attended, batch, length, read):
+    """Head gates, then the output projection, as `GroupedQueryAttention._output`."""
     gates = read(layer.head_gates)
     if not _all_ones(layer, gates):  # Gates at 1 (no pruning) leave the heads as they are.
         attended = attended * gates.to(attended.dtype)[:, None]
-    kernel = read(layer.output_kernel).reshape(layer.num_heads * layer.head_dim, -1)
-    rows = attended.reshape(batch * query_length, -1)
-    if layer.use_output_bias:  # One addmm, as the general path's `linear`.
-        output = torch_linear(rows, kernel, read(layer.output_bias))
-    else:
-        output = rows @ kernel
-    return output.view(batch, query_length, -1)
+    bias = read(layer.output_bias) if layer.use_output_bias else None
+    output = _linear(attended.reshape(batch * length, -1), read(layer.output_kernel), bias)
+    return output.view(batch, length, -1)
+
+
+def _torch():
+    return attention_kernels.backend_module("torch")
 
 
 # layer -> (its head_gates tensor, that tensor's in-place version and data pointer,
@@ -344,8 +333,7 @@ def gates_are_ones(layer):
     """
     if keras.backend.backend() != "torch":
         return False
-    import torch
-
+    torch = _torch()
     if torch.compiler.is_compiling() or in_stateless_scope() or in_symbolic_scope():
         return False
     # The stored tensor (outside a stateless scope, `.value` is it or its autocast copy).

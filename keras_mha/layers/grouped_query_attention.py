@@ -1,72 +1,34 @@
-"""Grouped-query attention: the one attention implementation of keras-mha.
+"""Grouped-query attention: the one attention layer of keras-mha.
 
 Multi-head attention (`num_key_value_heads == num_heads`) and multi-query
 attention (`num_key_value_heads == 1`) are this layer with a fixed KV-head
-count; see `multi_head_attention.py` and `multi_query_attention.py`.
+count; see `multi_head_attention.py` and `multi_query_attention.py`. Its `call` is a
+pipeline of steps whose kernels live in their own modules (docs/concepts/attention-paths.md).
+
+Example:
+    >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2, causal=True)
+    >>> layer(keras.random.normal((2, 10, 64))).shape
+    (2, 10, 64)
 """
 
 from __future__ import annotations
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_mha.layers import (
-    attention_kernels,
+    attention_paths,
     attention_probe,
-    decode_attention,
+    decode_functions,
     eager_decode,
     kv_cache,
-    masks,
+    padding_masks,
     validation,
 )
 from keras_mha.layers.linear import linear
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int
-
-
-def _propagated_mask(tensor):
-    """The padding mask Keras attached to `tensor` (e.g. by Embedding(mask_zero=True))."""
-    return getattr(tensor, "_keras_mask", None)
-
-
-def _static_int(value):
-    """The Python int behind `value`, or None when it is traced / symbolic."""
-    if value is None or isinstance(value, (int, np.integer)):
-        return None if value is None else int(value)
-    if keras.backend.backend() == "torch":
-        import torch
-
-        if torch.compiler.is_compiling():
-            return None  # Reading the value would break the graph.
-        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-            return None  # Reading it back would stall the device's queue every step.
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        if tf.is_tensor(value) and not tf.executing_eagerly():
-            # A constant in a graph (`tf.constant(7)` inside `tf.function`) is known when
-            # the step is traced, so an overrun is refused there rather than NaN at run time.
-            static = tf.get_static_value(value)
-            return None if static is None else int(static)
-    try:
-        return int(ops.convert_to_numpy(value))
-    except Exception:  # A tracer (jax.jit, tf.function) has no value yet.
-        return None
-
-
-def _reads_prefix_cheaply():
-    """Whether slicing the cache's written prefix is a free view (eager PyTorch).
-
-    Elsewhere the step attends to the whole fixed-length cache under a mask:
-    a slice would copy under XLA, and a new length per step would recompile.
-    """
-    if keras.backend.backend() != "torch":
-        return False
-    import torch
-
-    return not torch.compiler.is_compiling()
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
@@ -324,21 +286,38 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.built = True
 
     # ---------------------------------------------------------------- helpers
-    def _project(self, inputs, kernel, bias):
-        # One matmul against the kernel viewed as (features, heads * head_dim):
-        # torch's einsum copies a permuted kernel on every call.
+    def _project_heads(self, inputs, name):
+        """`inputs` `(B, T, features)` through `{name}_kernel`: `(B, T, heads, head_dim)`.
+
+        One matmul against the kernel viewed as `(features, heads * head_dim)` (torch's
+        einsum copies a permuted kernel on every call); queries and keys are then
+        RMS-normalised per head with `use_qk_norm`.
+        """
+        kernel, bias = getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None)
         features, heads, head_dim = kernel.shape
         if bias is not None:
             bias = ops.reshape(bias, (heads * head_dim,))
         projected = linear(inputs, ops.reshape(kernel, (features, heads * head_dim)), bias)
         shape = ops.shape(inputs)
-        return ops.reshape(projected, (shape[0], shape[1], heads, head_dim))
+        projected = ops.reshape(projected, (shape[0], shape[1], heads, head_dim))
+        norm_scale = getattr(self, f"{name}_norm_scale", None) if self.use_qk_norm else None
+        return projected if norm_scale is None else self._rms_norm(projected, norm_scale)
 
     def _rms_norm(self, heads, scale):
         # In float32: mean of squares of float16 activations overflows easily.
         x = ops.cast(heads, "float32")
         x = x * ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + self.qk_norm_epsilon)
         return ops.cast(x * ops.cast(scale, "float32"), heads.dtype)
+
+    def _rotate(self, q, k, offset=None):
+        """RoPE on queries and keys (None: none to rotate) at positions `offset ..`."""
+        if not self.use_rope:
+            return q, k
+        positions = None  # 0 .. length - 1 of each tensor
+        if offset is not None:
+            positions = ops.arange(ops.shape(q)[1], dtype="int32") + offset
+        q = self.rotary_embedding(q, positions=positions)
+        return q, None if k is None else self.rotary_embedding(k, positions=positions)
 
     def _check_features(self, name, tensor, expected):
         validation.check_rank(name, tensor.shape)
@@ -428,13 +407,59 @@ class GroupedQueryAttention(keras.layers.Layer):
         """
         key = value if key is None else key
         with keras.name_scope(self.name):
-            k = self._project(key, self.key_kernel, getattr(self, "key_bias", None))
-            v = self._project(value, self.value_kernel, getattr(self, "value_bias", None))
-            if self.use_qk_norm:
-                k = self._rms_norm(k, self.key_norm_scale)
-            if self.use_rope:
-                k = self.rotary_embedding(k)
+            k, v = self._project_heads(key, "key"), self._project_heads(value, "value")
+            _, k = self._rotate(k, k)
         return kv_cache.KVCache(ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3)))
+
+    def make_decode_function(self, *, compile_torch=False, jit_compile=True):
+        """`decode(query, cache, cache_index, attention_mask=None) -> (output, cache)`.
+
+        The backend's fastest way to run this layer on a KV cache, picked once:
+        `jax.jit` with the cache donated (XLA updates it in place: use the cache
+        `decode` returns, never the one passed in), `tf.function(jit_compile=True)`
+        on TensorFlow (pass a cache from `init_cache(..., variables=True)`, updated
+        in place), and on PyTorch eager steps under `torch.no_grad()` that skip
+        Keras's per-call bookkeeping where it would change nothing
+        (`torch.compile` with `compile_torch=True`). `cache_index=0` (a Python
+        int) is the prefill, compiled apart from the steps so that it keeps the
+        fused causal kernels; other indices share one compiled step.
+
+        Args:
+            compile_torch: PyTorch: `torch.compile` the step instead of eager calls.
+            jit_compile: TensorFlow: XLA-compile the step (False: a plain `tf.function`).
+
+        Returns:
+            `decode`, returning what `layer(query, cache=cache, cache_index=cache_index,
+            attention_mask=attention_mask)` returns.
+
+        Example:
+            >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
+            >>> prompt = keras.random.normal((1, 5, 64))
+            >>> _ = layer(prompt)
+            >>> decode = layer.make_decode_function()
+            >>> cache = layer.init_cache(1, 16, variables=keras.backend.backend() == "tensorflow")
+            >>> output, cache = decode(prompt, cache, 0)
+            >>> output, cache = decode(prompt[:, -1:], cache, 5)
+            >>> output.shape
+            (1, 1, 64)
+        """
+        return decode_functions.layer_decode_function(
+            self, compile_torch=compile_torch, jit_compile=jit_compile
+        )
+
+    def _attention_options(self, use_causal_mask, return_attention_scores, training):
+        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
+        return attention_paths.AttentionOptions(
+            num_heads=self.num_heads,
+            scale=self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5,
+            causal=causal,
+            use_fused=self._can_use_fused(return_attention_scores, training),
+            sliding_window=self.sliding_window,
+            logit_soft_cap=self.logit_soft_cap,
+            dropout=self.dropout,
+            seed_generator=self.seed_generator,
+            training=bool(training),
+        )
 
     def _can_use_fused(self, return_attention_scores, training):
         if attention_probe.is_recording(self):
@@ -457,57 +482,6 @@ class GroupedQueryAttention(keras.layers.Layer):
         return self.flash_attention is not False and not reasons
 
     # ------------------------------------------------------------------- call
-    def __call__(self, *args, **kwargs):
-        # An eager PyTorch decode step: when Keras's bookkeeping would hand the
-        # arguments to `call` unchanged, skip it (it costs as much as the step).
-        if eager_decode.skips_keras_call(self, args, kwargs):
-            if not self._called:
-                self._called = True
-            return self._call_decode_step(args[0], **kwargs)
-        return super().__call__(*args, **kwargs)
-
-    def _call_decode_step(
-        self, query, cache, cache_index, attention_mask=None, use_causal_mask=None, training=None
-    ):
-        """`call` for the arguments `eager_decode.skips_keras_call` admits."""
-        self._check_features("query", query, self._query_features)
-        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
-        use_fused = self._can_use_fused(False, training)
-        result = self._eager_decode_step(
-            query, cache, cache_index, attention_mask, None, causal, use_fused, True
-        )
-        if result is not None:
-            return result
-        return self.call(
-            query,
-            attention_mask=attention_mask,
-            training=training,
-            use_causal_mask=use_causal_mask,
-            cache=cache,
-            cache_index=cache_index,
-        )
-
-    def _eager_decode_step(
-        self,
-        query,
-        cache,
-        cache_index,
-        attention_mask,
-        query_mask,
-        causal,
-        use_fused,
-        outside_keras_scopes=False,
-    ):
-        """The step in plain torch ops (eager_decode.py) where it applies, else None."""
-        start = _static_int(cache_index)
-        if not eager_decode.applies(self, query, cache, start, query_mask, causal, use_fused):
-            return None
-        cache = self._checked_cache(cache, query)
-        kv_cache.check_static_write(start, query.shape[1], cache.max_length)
-        return eager_decode.step(
-            self, query, cache, start, attention_mask, causal, outside_keras_scopes
-        )
-
     def call(
         self,
         query,
@@ -524,275 +498,85 @@ class GroupedQueryAttention(keras.layers.Layer):
         key_mask=None,
         mask=None,
     ):
-        self_attention = value is None
-        # Padding masks propagated by Keras (e.g. Embedding(mask_zero=True)):
-        # with one tensor argument Keras passes `mask`, with several it passes
-        # `query_mask` / `value_mask` / `key_mask`.
-        if query_mask is None:
-            query_mask = mask if mask is not None else _propagated_mask(query)
-        if self_attention and value_mask is None:
-            value_mask = query_mask
-        value = query if value is None else value
-        key = value if key is None else key
-        if value_mask is None:
-            value_mask = _propagated_mask(value)
-        if key_mask is None and key is not value:
-            key_mask = _propagated_mask(key)
-
-        validation.check_call_inputs(query, value, key)
-        if cache_index is not None:
-            validation.check_cache_index(cache_index)
-        self._check_features("query", query, self._query_features)
-        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
-        use_fused = self._can_use_fused(return_attention_scores, training)
-        if cache is not None and cache_index is not None and self_attention:
-            # Eager PyTorch decoding: the step in plain torch ops (eager_decode.py).
-            result = self._eager_decode_step(
-                query, cache, cache_index, attention_mask, query_mask, causal, use_fused
-            )
-            if result is not None:
-                return result
-
-        q = self._project(query, self.query_kernel, getattr(self, "query_bias", None))
-        if self.use_qk_norm:
-            q = self._rms_norm(q, self.query_norm_scale)
-
-        if cache is not None and cache_index is None:
-            # Read-only cache (cross-attention): keys/values were projected once.
-            if not self_attention:
-                raise ValueError(
-                    "Pass either `value` or a read-only `cache` (cross-attention), not both."
-                )
-            cache = self._checked_cache(cache, query)
-            if self.use_rope:
-                q = self.rotary_embedding(q)
-            heads, scores = self._attend_cache(
-                q, cache, None, None, attention_mask, query_mask, False, use_fused, training
-            )
-            return self._finish(heads, scores, None, return_attention_scores, cache)
-
-        self._check_features("value", value, self._value_features)
-        self._check_features("key", key, self._key_features)
-        k = self._project(key, self.key_kernel, getattr(self, "key_bias", None))
-        v = self._project(value, self.value_kernel, getattr(self, "value_bias", None))
-        if self.use_qk_norm:
-            k = self._rms_norm(k, self.key_norm_scale)
-        if cache is None:
-            if self.use_rope:
-                q = self.rotary_embedding(q)
-                k = self.rotary_embedding(k)
-            heads, scores = self._attend(
-                q,
-                k,
-                v,
-                attention_mask,
-                query_mask,
-                value_mask,
-                key_mask,
-                causal,
-                self_attention,
-                use_fused,
-                training,
-            )
-            return self._finish(heads, scores, None, return_attention_scores, None)
-
-        if not self_attention:
-            raise ValueError(
-                "A cache with `cache_index` is for self-attention decoding; for "
-                "cross-attention build one with `compute_cross_attention_cache` and "
-                "call without `value` and without `cache_index`."
-            )
-        cache = self._checked_cache(cache, query)
-        start = _static_int(cache_index)
-        kv_cache.check_static_write(start, query.shape[1], cache.max_length)
-        if self.use_rope:
-            positions = ops.arange(ops.shape(query)[1], dtype="int32")
-            if start != 0:
-                positions = positions + (
-                    start if start is not None else ops.cast(cache_index, "int32")
-                )
-            q = self.rotary_embedding(q, positions=positions)
-            k = self.rotary_embedding(k, positions=positions)
-        cache, valid = kv_cache.write(cache, k, v, cache_index, start)
-        # Keys were padded by the cache, not by this call's mask: the caller
-        # passes `attention_mask` over the whole cache instead.
-        if start == 0 and k.dtype == cache.key.dtype:
-            # A prefill: the cache holds exactly these keys so far, so attend
-            # to them as they are, with the fused / blockwise causal paths.
-            if attention_mask is not None:
-                attention_mask = self._mask_prefix(attention_mask, query, cache.max_length)
-            heads, scores = self._attend(
-                q, k, v, attention_mask, query_mask, None, None, causal, True, use_fused, training
-            )
-        else:
-            heads, scores = self._attend_cache(
-                q,
-                cache,
-                cache_index,
-                start,
-                attention_mask,
-                query_mask,
-                causal,
-                use_fused,
-                training,
-            )
-        return self._finish(heads, scores, valid, return_attention_scores, cache)
-
-    def _mask_prefix(self, attention_mask, query, max_length):
-        """The first `query_length` keys of a mask given over the whole cache."""
-        mask = masks.normalise_attention_mask(
-            attention_mask,
-            batch=query.shape[0],
-            query_length=query.shape[1],
-            key_length=max_length,
-            num_heads=self.num_heads,
-        )
-        return mask[..., : query.shape[1]]
-
-    def _attend(
-        self,
-        q,
-        k,
-        v,
-        attention_mask,
-        query_mask,
-        value_mask,
-        key_mask,
-        causal,
-        self_attention,
-        use_fused,
-        training,
-    ):
-        """Attention of projected `q` `(B, T, H, D)` over `k`, `v` `(B, S, Hkv, D)`."""
-        mask, plain_causal = masks.combine_masks(
-            query=q,
-            key=k,
-            num_heads=self.num_heads,
-            attention_mask=attention_mask,
+        inputs = padding_masks.gather(
+            query,
+            value,
+            key,
             query_mask=query_mask,
             value_mask=value_mask,
             key_mask=key_mask,
-            causal=causal,
-            sliding_window=self.sliding_window,
+            mask=mask,
         )
-        if plain_causal and not use_fused:
-            # Only the fused kernels apply a causal mask by themselves.
-            mask = attention_kernels.causal_mask_for(q, k)
-            plain_causal = False
-        scale = self._scale()
-        if k.dtype != q.dtype:
-            k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
-        if not use_fused:
-            return self._generic_attention(q, k, v, mask, scale, training)
-        if plain_causal and attention_kernels.prefers_blockwise_causal(q, k):
-            heads = attention_kernels.blockwise_causal_attention(q, k, v, scale=scale)
-            return heads, None
-        # Causal, window and cache masks always leave a query its own key in
-        # self-attention; only these masks can empty a row.
-        rows_may_be_empty = not self_attention or any(
-            m is not None for m in (attention_mask, query_mask, value_mask, key_mask)
-        )
-        heads = attention_kernels.fused_attention(
-            q,
-            k,
-            v,
-            mask,
-            scale=scale,
-            is_causal=plain_causal,
-            rows_may_be_empty=rows_may_be_empty,
-        )
-        return heads, None
+        cache, start = self._check_call(inputs, cache, cache_index)
+        options = self._attention_options(use_causal_mask, return_attention_scores, training)
+        if eager_decode.applies(self, inputs, cache, start, options):
+            return eager_decode.step(self, query, cache, start, attention_mask, options)
 
-    def _attend_cache(
-        self, q, cache, cache_index, start, attention_mask, query_mask, causal, use_fused, training
+        q = self._project_heads(inputs.query, "query")
+        k = v = None
+        if cache is None or cache_index is not None:  # else keys and values are in the cache
+            k, v = (
+                self._project_heads(inputs.key, "key"),
+                self._project_heads(inputs.value, "value"),
+            )
+        q, k = self._rotate(q, k, self._position_offset(cache_index, start))
+        written, valid = self._write_cache(cache, k, v, cache_index, start)
+        heads, scores = self._compute_attention(
+            q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
+        )
+        # The attention weights (None on the fused paths, which a recording turns off).
+        attention_probe.observe(self, scores)
+        return self._output(heads, scores, valid, return_attention_scores, written)
+
+    def _check_call(self, inputs, cache, cache_index):
+        """Check the call's tensors and cache; return `(cache, static cache_index or None)`."""
+        validation.check_call_inputs(inputs.query, inputs.value, inputs.key)
+        if cache_index is not None:
+            validation.check_cache_index(cache_index)
+        validation.check_cache_use(cache, cache_index, inputs.self_attention)
+        self._check_features("query", inputs.query, self._query_features)
+        if cache is None or cache_index is not None:  # value and key are projected
+            for name in ("value", "key"):
+                tensor, expected = getattr(inputs, name), getattr(self, f"_{name}_features")
+                if tensor is not inputs.query or expected != self._query_features:
+                    self._check_features(name, tensor, expected)
+        if cache is None:
+            return None, None
+        cache = kv_cache.as_kv_cache(
+            cache,
+            batch_size=inputs.query.shape[0],
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            layer_dtype=self.compute_dtype,
+        )
+        start = kv_cache.static_index(cache_index)
+        if cache_index is not None:
+            kv_cache.check_static_write(start, inputs.query.shape[1], cache.max_length)
+        return cache, start
+
+    @staticmethod
+    def _position_offset(cache_index, start):
+        """Position of the first query token: None (0), `start` or the traced index."""
+        if cache_index is None or start == 0:
+            return None
+        return start if start is not None else ops.cast(cache_index, "int32")
+
+    @staticmethod
+    def _write_cache(cache, k, v, cache_index, start):
+        """`(cache after the write, valid)`; `valid` is whether a traced index fitted."""
+        if cache_index is None:  # no cache, or a read-only one
+            return cache, None
+        return kv_cache.write(cache, k, v, cache_index, start)
+
+    def _compute_attention(
+        self, q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
     ):
-        """Attention of `q` `(B, T, H, D)` over the cache's written positions.
+        """`(heads, weights or None)`: the kernel `attention_paths` picks for this call."""
+        if cache is not None:
+            cache = attention_paths.CacheUse(cache, written, cache_index, start)
+        return attention_paths.attend(q, k, v, options, inputs, attention_mask, cache)
 
-        `cache_index` is None for a read-only (cross-attention) cache, where
-        every position counts; `start` is its Python int when known.
-        """
-        keys, values = cache.key, cache.value
-        query_length = q.shape[1]
-        key_length = cache.max_length
-        offset = cache_index
-        if cache_index is not None and start is not None and _reads_prefix_cheaply():
-            # Eager PyTorch: attend to the written prefix only (a view, no copy),
-            # which needs no mask for a single token.
-            stop = start + query_length
-            first = 0
-            if self.sliding_window is not None and causal:
-                first = max(0, start - self.sliding_window + 1)
-            keys, values = keys[:, :, first:stop], values[:, :, first:stop]
-            if attention_mask is not None:
-                mask = masks.normalise_attention_mask(
-                    attention_mask,
-                    batch=q.shape[0],
-                    query_length=query_length,
-                    key_length=key_length,
-                    num_heads=self.num_heads,
-                )
-                attention_mask = mask[..., first:stop]
-            key_length, offset = stop - first, start - first
-            if query_length == 1 and attention_mask is None and query_mask is None:
-                offset = None  # Every key of the prefix is visible: no mask at all.
-        mask = None
-        if offset is not None or attention_mask is not None or query_mask is not None:
-            mask, _ = masks.combine_masks(
-                query=q,
-                key_length=key_length,
-                num_heads=self.num_heads,
-                attention_mask=attention_mask,
-                query_mask=query_mask,
-                causal=causal and offset is not None,
-                sliding_window=self.sliding_window if offset is not None else None,
-                query_offset=offset,
-            )
-        if keys.dtype != q.dtype:
-            keys, values = ops.cast(keys, q.dtype), ops.cast(values, q.dtype)
-        scale = self._scale()
-        if not use_fused:
-            return self._generic_attention(q, keys, values, mask, scale, training, True)
-        rows_may_be_empty = attention_mask is not None or query_mask is not None
-        if decode_attention.applies(q, keys):
-            heads = decode_attention.single_query_attention(
-                q, keys, values, mask, scale=scale, rows_may_be_empty=rows_may_be_empty
-            )
-            return heads, None
-        if decode_attention.applies_flat(q, keys):
-            heads = decode_attention.flat_cache_attention(
-                q, keys, values, mask, scale=scale, rows_may_be_empty=rows_may_be_empty
-            )
-            return heads, None
-        heads = attention_kernels.fused_attention(
-            q,
-            keys,
-            values,
-            mask,
-            scale=scale,
-            rows_may_be_empty=rows_may_be_empty,
-            key_heads_first=True,
-        )
-        return heads, None
-
-    def _scale(self):
-        return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
-
-    def _generic_attention(self, q, k, v, mask, scale, training, key_heads_first=False):
-        return attention_kernels.grouped_attention(
-            q,
-            k,
-            v,
-            mask,
-            scale=scale,
-            logit_soft_cap=self.logit_soft_cap,
-            dropout_rate=self.dropout,
-            seed_generator=self.seed_generator,
-            training=bool(training),
-            return_weights=True,
-            key_heads_first=key_heads_first,
-        )
-
-    def _finish(self, heads, scores, valid, return_attention_scores, cache):
+    def _output(self, heads, scores, valid, return_attention_scores, cache):
         """Gate the heads, project the output, and assemble the call's results."""
         num_heads, head_dim, output_dim = self.output_kernel.shape
         kernel = self.output_kernel
@@ -818,23 +602,12 @@ class GroupedQueryAttention(keras.layers.Layer):
             # A traced cache_index overran the cache: the write was skipped, and
             # NaN outputs make sure the step cannot pass for a good one.
             output = ops.where(valid, output, ops.cast(float("nan"), output.dtype))
-        if scores is not None:
-            attention_probe.observe(self, scores)
         results = [output]
         if return_attention_scores:
             results.append(scores)
         if cache is not None:
             results.append(cache)
         return results[0] if len(results) == 1 else tuple(results)
-
-    def _checked_cache(self, cache, query):
-        return kv_cache.as_kv_cache(
-            cache,
-            batch_size=query.shape[0],
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            layer_dtype=self.compute_dtype,
-        )
 
     # ---------------------------------------------------------------- shapes
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
@@ -891,7 +664,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         # The output has one row per query, so it keeps the query's padding mask.
         if previous_mask is not None and not isinstance(previous_mask, (list, tuple)):
             return previous_mask
-        return _propagated_mask(query)
+        return padding_masks.propagated_mask(query)
 
     # ---------------------------------------------------------------- pruning
     def prune_heads(self, heads_to_remove):

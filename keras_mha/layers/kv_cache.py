@@ -1,42 +1,15 @@
 """The self-attention KV cache: its layout, its checks and its in-place update.
 
-A cache is a `KVCache(key, value)` pair of buffers, each
-`(batch, num_key_value_heads, max_length, head_dim)`:
-
-- two buffers, not one stacked tensor, so that attention reads each of them
-  as it lies in memory (slicing K and V back out of a stacked
-  `(batch, 2, ...)` tensor made XLA copy them every step);
-- heads first, so that each KV head's keys are contiguous: the layout the
-  fused kernels (`torch.nn.functional.scaled_dot_product_attention`) and a
-  batched grouped matmul read without a transpose.
-
-A decode step writes its new keys and values in place where the backend
-allows it, so that no step copies the whole cache:
-
-- PyTorch: `init_cache(...)`, tensors written by slice assignment /
-  `index_copy_` (outside autograd);
-- JAX: `init_cache(...)`, arrays written by `dynamic_update_slice`, which
-  XLA performs in place when the step donates the cache
-  (`jax.jit(step, donate_argnums=...)`);
-- TensorFlow: `init_cache(..., variables=True)`, two `tf.Variable`s written
-  by a scatter inside `tf.function(jit_compile=True)`.
-
-A TensorFlow function cannot donate its tensor arguments, so with the default
-(functional) cache XLA copies the whole cache at every compiled step; a
-variable cache is updated in place instead and the layer returns the same
-`KVCache` (the same variables). Create it outside the traced function and do
-not return it from the function (a variable returned by a `tf.function` comes
-back as a copy of its value): keep the Python handle instead. JAX cannot
-mutate variables under `jax.jit` and PyTorch already writes its tensors in
-place, so both refuse `variables=True`.
-
-Writing past `max_length` is refused with a `ValueError` whenever the index
-is known when the step is built (a Python int, an eager tensor, or any index
-under eager PyTorch on CPU). A traced index that overruns (inside `jax.jit`,
-`tf.function` or `torch.compile`, or a CUDA tensor in eager PyTorch, which is
-not read back to keep the step asynchronous) leaves the cache unchanged and
-turns every output row of that call into NaN, so the overrun cannot pass for
-a good result. Both hold for variable caches too.
+A cache is a `KVCache(key, value)` pair of buffers, each `(batch, num_key_value_heads,
+max_length, head_dim)`, made by `GroupedQueryAttention.init_cache` and written by the
+layer at `cache_index`: in place on PyTorch (outside autograd); by a
+`dynamic_update_slice` that XLA performs in place when the step donates the cache on
+JAX; by a scatter into two `tf.Variable`s from `init_cache(..., variables=True)` on
+TensorFlow (create them outside the `tf.function` and keep your handle: a variable
+returned from a `tf.function` comes back as a copy). Writing past `max_length` raises a
+`ValueError` when the index is known when the step is built; a traced index that
+overruns leaves the cache unchanged and turns the call's outputs into NaN. Why this
+layout and these writes: docs/concepts/attention-paths.md.
 
 Example:
     >>> cache = KVCache.zeros(batch_size=1, num_key_value_heads=2, max_length=8,
@@ -53,6 +26,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 from keras import ops
 
 _LENGTH_AXIS = 2
@@ -135,6 +109,17 @@ def is_variable(buffer):
     return isinstance(buffer, tf.Variable)
 
 
+def all_in_place(caches):
+    """Whether every buffer of `caches` (a `KVCache`, or a list of them) is a variable.
+
+    Example:
+        >>> all_in_place([KVCache.zeros(1, 2, 8, 4, "float32")])
+        False
+    """
+    buffers = keras.tree.flatten(caches)
+    return bool(buffers) and all(is_variable(buffer) for buffer in buffers)
+
+
 def _unwrap(buffer):
     """The `tf.Variable` behind a TensorFlow `keras.Variable`, so that it is written in place."""
     if keras.backend.backend() == "tensorflow" and isinstance(buffer, keras.Variable):
@@ -160,12 +145,15 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
     dtype other than the layer's compute dtype (an integer cache would
     truncate K/V; Keras already converts floating arguments to that dtype).
     """
-    expected = (
-        f"the (key, value) pair from `init_cache`, each (batch={batch_size}, "
-        f"num_key_value_heads={num_key_value_heads}, max_length, head_dim={head_dim})"
-    )
+
+    def expected():  # formatted for an error only
+        return (
+            f"the (key, value) pair from `init_cache`, each (batch={batch_size}, "
+            f"num_key_value_heads={num_key_value_heads}, max_length, head_dim={head_dim})"
+        )
+
     if not isinstance(cache, (tuple, list)) or len(cache) != 2:
-        raise ValueError(f"`cache` must be {expected}; received {_describe(cache)}.")
+        raise ValueError(f"`cache` must be {expected()}; received {_describe(cache)}.")
     key, value = _unwrap(cache[0]), _unwrap(cache[1])
     if is_variable(key) != is_variable(value):
         raise ValueError(
@@ -179,14 +167,14 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
             or shape[0] not in (None, batch_size)
             and batch_size is not None
         ):
-            raise ValueError(f"`cache` must be {expected}; its {name} buffer has shape {shape}.")
+            raise ValueError(f"`cache` must be {expected()}; its {name} buffer has shape {shape}.")
     if tuple(key.shape) != tuple(value.shape):
         raise ValueError(
             f"`cache` key and value buffers must have the same shape; received "
             f"{tuple(key.shape)} and {tuple(value.shape)}."
         )
     for name, buffer in (("key", key), ("value", value)):
-        dtype = keras.backend.standardize_dtype(buffer.dtype)
+        dtype = dtype_name(buffer.dtype)
         if dtype != layer_dtype:
             raise ValueError(
                 f"`cache` {name} buffer has dtype {dtype}, but the layer computes in "
@@ -196,6 +184,56 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
     if isinstance(cache, KVCache) and key is cache.key and value is cache.value:
         return cache
     return KVCache(key, value)
+
+
+def static_index(cache_index):
+    """The Python int behind `cache_index`, or None when it is traced / symbolic.
+
+    An eager tensor on the CPU is read; a CUDA tensor is not (reading it back
+    would stall the device's queue every step), nor anything under `torch.compile`
+    (it would break the graph). In a TensorFlow graph a constant is known when
+    the step is traced, so an overrun is refused there rather than NaN at run time.
+
+    Example:
+        >>> static_index(np.int64(7)), static_index(None)
+        (7, None)
+    """
+    if cache_index is None or isinstance(cache_index, (int, np.integer)):
+        return None if cache_index is None else int(cache_index)
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None
+        if isinstance(cache_index, torch.Tensor) and cache_index.device.type != "cpu":
+            return None
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.is_tensor(cache_index) and not tf.executing_eagerly():
+            static = tf.get_static_value(cache_index)
+            return None if static is None else int(static)
+    try:
+        return int(ops.convert_to_numpy(cache_index))
+    except Exception:  # A tracer (jax.jit, tf.function) has no value yet.
+        return None
+
+
+_DTYPE_NAMES = {}  # a backend's dtype object -> Keras's name for it, filled on first use
+
+
+def dtype_name(dtype):
+    """Keras's name of a backend dtype (`torch.float32` -> "float32"), remembered.
+
+    Example:
+        >>> dtype_name(np.dtype("float16"))
+        'float16'
+    """
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = keras.backend.standardize_dtype(dtype)
+    return name
 
 
 def check_static_write(start, query_length, max_length):
@@ -215,9 +253,7 @@ def check_static_write(start, query_length, max_length):
         )
 
 
-def _torch_in_place_allowed(buffer, update):
-    import torch
-
+def _torch_in_place_allowed(torch, buffer, update):
     return not (torch.is_grad_enabled() and (update.requires_grad or buffer.requires_grad))
 
 
@@ -232,7 +268,7 @@ def _write_buffer(buffer, update, start, static_start, valid):
         import torch
 
         if static_start is not None:
-            if _torch_in_place_allowed(buffer, update):
+            if _torch_in_place_allowed(torch, buffer, update):
                 buffer[:, :, static_start : static_start + length] = update
                 return buffer
             return torch.cat(
@@ -251,7 +287,7 @@ def _write_buffer(buffer, update, start, static_start, valid):
             positions = positions.clamp(0, buffer.shape[_LENGTH_AXIS] - 1)
             old = buffer.index_select(_LENGTH_AXIS, positions)
             update = torch.where(valid, update, old)
-        if _torch_in_place_allowed(buffer, update):
+        if _torch_in_place_allowed(torch, buffer, update):
             return buffer.index_copy_(_LENGTH_AXIS, positions, update)
         return buffer.index_copy(_LENGTH_AXIS, positions, update)
     index = static_start if static_start is not None else ops.cast(start, "int32")

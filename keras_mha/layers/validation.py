@@ -193,18 +193,27 @@ def check_input_shapes(query_shape, value_shape=None, key_shape=None):
             f"the last); received key shape {_dims(key_shape)} and value shape "
             f"{_dims(value_shape)}."
         )
+    check_query_length(query_shape)
+    query_batch, value_batch = _known(query_shape[0]), _known(value_shape[0])
+    if query_batch is not None and value_batch is not None and query_batch != value_batch:
+        raise ValueError(
+            "`query` and `value` must have the same batch size; received query shape "
+            f"{_dims(query_shape)} and value shape {_dims(value_shape)}."
+        )
+
+
+def check_query_length(query_shape):
+    """A query with no positions is refused, where its length is static.
+
+    Example:
+        >>> check_query_length((2, 0, 8))  # raises ValueError
+    """
     if isinstance(_known(query_shape[1]), int) and _known(query_shape[1]) == 0:
         # Every backend alike: TensorFlow's CPU matmul fails on an empty query, JAX and
         # torch would return an empty output.
         raise ValueError(
             f"`query` has no positions (shape {_dims(query_shape)}); expected a length of at "
             "least 1: there is nothing to attend from."
-        )
-    query_batch, value_batch = _known(query_shape[0]), _known(value_shape[0])
-    if query_batch is not None and value_batch is not None and query_batch != value_batch:
-        raise ValueError(
-            "`query` and `value` must have the same batch size; received query shape "
-            f"{_dims(query_shape)} and value shape {_dims(value_shape)}."
         )
 
 
@@ -219,6 +228,10 @@ def check_call_inputs(query, value, key):
     Example:
         >>> check_call_inputs(query, value=keys, key=keys)
     """
+    if value is query and key is query:  # self-attention: nothing to agree with
+        check_rank("query", query.shape)
+        check_query_length(query.shape)
+        return
     check_input_shapes(query.shape, value.shape, key.shape)
     pairs = []
     if key is not value:
@@ -247,6 +260,32 @@ def check_call_inputs(query, value, key):
             tf.shape(b)[axis],
             message=f"`{first}` and `{second}` must have the same {what}",
         )
+
+
+def check_cache_use(cache, cache_index, self_attention):
+    """Refuse a `cache_index` without a cache, and a cache in a call that cannot use it:
+    a read-only (cross-attention) cache beside a `value`, or a cache written at
+    `cache_index` in cross-attention.
+
+    Example:
+        >>> check_cache_use(cache, cache_index=None, self_attention=False)
+        Traceback (most recent call last):
+        ValueError: Pass either `value` or a read-only `cache` (cross-attention), not both.
+    """
+    if cache is None and cache_index is not None:
+        raise ValueError(
+            f"`cache_index`={cache_index!r:.80} was given without a `cache`; pass the cache "
+            "from `init_cache` to decode, or neither."
+        )
+    if cache is None or self_attention:
+        return
+    if cache_index is None:
+        raise ValueError("Pass either `value` or a read-only `cache` (cross-attention), not both.")
+    raise ValueError(
+        "A cache with `cache_index` is for self-attention decoding; for cross-attention "
+        "build one with `compute_cross_attention_cache` and call without `value` and "
+        "without `cache_index`."
+    )
 
 
 def check_cache_index(cache_index):

@@ -2,8 +2,9 @@
 
 The prompt is run once (prefill) into fixed-shape caches made by each attention layer's
 `init_cache` (their inside is the layer's business), then one token per step. The step
-is compiled once per model, batch size and cache length: `jax.jit` on JAX (stateless,
-the weights passed as arguments, the caches donated so that XLA updates them in place),
+is compiled once per model, batch size and cache length, by the one place that picks
+the backend, `keras_mha.layers.decode_functions`: `jax.jit` on JAX (stateless, the
+weights passed as arguments, the caches donated so that XLA updates them in place),
 `tf.function(jit_compile=True)` on TensorFlow (the caches are variables, created outside
 the function and updated in place by it: `init_cache(..., variables=True)`), and eager
 PyTorch (the caches written in place; measured faster than `torch.compile` for
@@ -41,6 +42,7 @@ import numpy as np
 
 from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
+from keras_mha.layers.decode_functions import compile_decode_step
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 from keras_mha.models.eager_torch import eager_calls
 
@@ -78,88 +80,31 @@ class _CompiledDecoder:
         return keras.ops.cast(logits[:, 0], "float32"), caches
 
     def _make(self):
-        if self.backend == "jax":
-            return self._make_jax()
-        if self.backend == "tensorflow":
-            return self._make_tensorflow()
-        return self._make_torch()
-
-    def _make_jax(self):
-        import jax
-
-        model = self.model
-
-        def stateless(kind, index_static):
-            def function(variables, token_ids, key_mask, caches, index):
-                self.stats[f"{kind}_traces"] += 1
-                mapping = list(zip(model.variables, variables, strict=True))
-                with keras.StatelessScope(state_mapping=mapping):
-                    return self._forward(token_ids, key_mask, caches, 0 if index_static else index)
-
-            return jax.jit(function, donate_argnums=(3,))
-
-        prefill, step = stateless("prefill", True), stateless("step", False)
-
-        def run(function):
-            def call(token_ids, key_mask, caches, index):
-                variables = [v.value for v in model.variables]
-                return function(variables, token_ids, key_mask, caches, np.int32(index))
-
-            return call
-
-        return run(prefill), run(step)
-
-    def _make_tensorflow(self):
-        import tensorflow as tf
-
-        def traced(kind, index_static):
-            def function(token_ids, key_mask, caches, index):
-                self.stats[f"{kind}_traces"] += 1
-                index = 0 if index_static else index
-                logits, new_caches = self._forward(token_ids, key_mask, caches, index)
-                # Variable caches were written in place: returning them would copy them
-                # out of the function.
-                return logits, () if _in_place(caches) else new_caches
-
-            compiled = tf.function(function, jit_compile=True, reduce_retracing=False)
-
-            def call(token_ids, key_mask, caches, index):
-                logits, new_caches = compiled(
-                    tf.convert_to_tensor(token_ids),
-                    tf.convert_to_tensor(key_mask),
-                    caches,
-                    tf.constant(index, tf.int32),
-                )
-                return logits, caches if _in_place(caches) else new_caches
-
-            return call
-
-        return traced("prefill", True), traced("step", False)
-
-    def _make_torch(self):
-        import torch
-
-        # Eager steps skip Keras's per-layer __call__ bookkeeping where that changes
-        # nothing (see direct_calls.py): most of a small model's eager step.
+        # Eager PyTorch steps skip Keras's per-layer __call__ bookkeeping where that
+        # changes nothing (see direct_calls.py): most of a small model's eager step.
         direct = not self.compile_torch and supports_direct_calls(self.model)
-        self.stats["direct_calls"] = direct
+        if self.backend == "torch":
+            self.stats["direct_calls"] = direct
 
-        def eager(kind):
-            def function(token_ids, key_mask, caches, index):
-                with torch.no_grad(), direct_calls(direct, eager_calls()):
-                    return self._forward(token_ids, key_mask, caches, index)
+        def eager_forward(token_ids, key_mask, caches, index):
+            # The leaf layers as torch calls too (eager_torch.py), outside Keras scopes.
+            with direct_calls(direct, eager_calls()):
+                return self._forward(token_ids, key_mask, caches, index)
 
-            if not self.compile_torch:
-                return function
-            compiled = torch.compile(function, dynamic=False)
+        def make(kind, static_index):
+            def on_trace():
+                self.stats[f"{kind}_traces"] += 1
 
-            def call(token_ids, key_mask, caches, index):
-                self.stats[f"{kind}_traces"] = max(self.stats[f"{kind}_traces"], 1)
-                return compiled(token_ids, key_mask, caches, index)
+            return compile_decode_step(
+                self.model,
+                self._forward,
+                static_index=static_index,
+                compile_torch=self.compile_torch,
+                eager_forward=eager_forward,
+                on_trace=on_trace,
+            )
 
-            return call
-
-        return eager("prefill"), eager("step")
+        return make("prefill", True), make("step", False)
 
     def prefill(self, token_ids, key_mask, caches):
         self.stats["prefill_calls"] += 1
@@ -168,10 +113,6 @@ class _CompiledDecoder:
     def step(self, token_ids, key_mask, caches, index):
         self.stats["step_calls"] += 1
         return self._step(token_ids, key_mask, caches, index)
-
-
-def _in_place(caches):
-    return all(getattr(cache, "in_place", False) for cache in caches)
 
 
 def _decoder_for(model, compile_torch):

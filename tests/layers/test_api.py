@@ -7,7 +7,13 @@ import pytest
 from keras import ops
 
 import keras_mha
-from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from keras_mha.layers import (
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiQueryAttention,
+    RotaryEmbedding,
+)
+from tests.layer_testing import run_layer_test
 from tests.layers.test_reference import random_inputs, randomise
 
 ALL_OPTIONS = dict(
@@ -33,10 +39,10 @@ ALL_OPTIONS = dict(
     seed=3,
 )
 
-FACTORIES = [
-    pytest.param(lambda **kw: GroupedQueryAttention(8, 2, **kw), id="gqa"),
-    pytest.param(lambda **kw: MultiHeadAttention(4, **kw), id="mha"),
-    pytest.param(lambda **kw: MultiQueryAttention(4, **kw), id="mqa"),
+LAYERS = [
+    pytest.param(GroupedQueryAttention, {"num_heads": 8, "num_key_value_heads": 2}, id="gqa"),
+    pytest.param(MultiHeadAttention, {"num_heads": 4}, id="mha"),
+    pytest.param(MultiQueryAttention, {"num_heads": 4}, id="mqa"),
 ]
 
 
@@ -46,32 +52,34 @@ def test_top_level_exports():
     assert keras_mha.MultiQueryAttention is MultiQueryAttention
 
 
-@pytest.mark.parametrize("factory", FACTORIES)
-def test_config_round_trip_keeps_every_argument(factory):
-    layer = factory(**ALL_OPTIONS)
-    config = layer.get_config()
-    clone = type(layer).from_config(config)
-    assert clone.get_config() == config
-    for name, value in ALL_OPTIONS.items():
-        if name.endswith(("initializer", "regularizer")):
-            continue
-        assert config[name] == value, name
-
-
-@pytest.mark.parametrize("factory", FACTORIES)
-def test_keras_file_round_trip(factory, tmp_path):
-    inputs = keras.Input((7, 12))
-    outputs = factory(head_dim=4, causal=True, use_rope=True, use_qk_norm=True)(inputs)
-    model = keras.Model(inputs, outputs)
-    randomise(model.layers[1])
-    x = random_inputs(2, 7, 12)
-    path = tmp_path / "model.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    np.testing.assert_allclose(
-        ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x)), atol=1e-6
+@pytest.mark.parametrize("layer_cls, init_kwargs", LAYERS)
+def test_standard_layer_checks_with_every_option(layer_cls, init_kwargs, tmp_path):
+    """Config, serialization, symbolic and eager calls, `.keras` file: tests/layer_testing.py."""
+    layer = run_layer_test(
+        layer_cls,
+        {**init_kwargs, **ALL_OPTIONS},
+        input_data=random_inputs(2, 7, 12),
+        expected_output_shape=(2, 7, 10),
+        # q/k/v kernels and biases, the output kernel (no output bias), two q/k norms.
+        expected_num_trainable_weights=9,
+        expected_num_non_trainable_weights=1,  # the head gates
+        saved_to=tmp_path,
     )
-    assert type(loaded.layers[1]) is type(model.layers[1])
+    config = layer.get_config()
+    for name, value in ALL_OPTIONS.items():
+        if not name.endswith(("initializer", "regularizer")):
+            assert config[name] == value, name
+
+
+def test_rotary_embedding_passes_the_standard_checks():
+    run_layer_test(
+        RotaryEmbedding,
+        {"max_wavelength": 500.0, "partial_rotary_factor": 0.5},
+        input_data=random_inputs(2, 6, 4, 16),
+        expected_output_shape=(2, 6, 4, 16),
+        expected_num_trainable_weights=0,
+        expected_num_non_trainable_weights=0,
+    )
 
 
 def test_pruned_layer_keeps_its_shape_through_keras_file(tmp_path):

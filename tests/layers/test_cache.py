@@ -127,6 +127,12 @@ def test_cache_errors():
         layer(x, cache=(ops.zeros((1, 4, 8, 4)),) * 2, cache_index=0)
     with pytest.raises(ValueError, match="max_length"):
         layer.init_cache(1, 0)
+    with pytest.raises(ValueError, match=r"`cache_index`=2 was given without a `cache`"):
+        layer(x, cache_index=2)
+    with pytest.raises(ValueError, match=r"either `value` or a read-only `cache`"):
+        layer(x, x, cache=cache)
+    with pytest.raises(ValueError, match=r"`cache_index` is for self-attention decoding"):
+        layer(x, x, cache=cache, cache_index=0)
 
 
 def _compile_counting(step):
@@ -159,25 +165,48 @@ def _compile_counting(step):
 
 
 @pytest.mark.slow
-def test_decode_step_compiles_once():
+def test_decode_function_compiles_one_step_for_every_position(monkeypatch):
+    """`make_decode_function`: on JAX and TensorFlow one trace for the prefill and one
+    for every step, the cache donated (JAX) or written in place (TensorFlow variables);
+    on PyTorch, `torch.compile` of the layer's step traces once."""
     x = random_inputs(2, 10, 32)
     layer = GroupedQueryAttention(8, 2, head_dim=8, causal=True, use_rope=True)
     layer(x)
     full = ops.convert_to_numpy(layer(x))
-    cache = layer.init_cache(2, 16)
-    _, cache = layer(x[:, :4], cache=cache, cache_index=0)
+    if BACKEND == "torch":
+        cache = layer.init_cache(2, 16)
+        _, cache = layer(x[:, :4], cache=cache, cache_index=0)
+        step, compile_count = _compile_counting(
+            lambda token, cache, index: layer(token, cache=cache, cache_index=index)
+        )
+    else:
+        traces = []
+        call = layer.call
+        monkeypatch.setattr(layer, "call", lambda *a, **kw: traces.append(1) or call(*a, **kw))
+        decode = layer.make_decode_function()
+        cache = layer.init_cache(2, 16, variables=BACKEND == "tensorflow")
+        output, cache = decode(x[:, :4], cache, 0)
+        np.testing.assert_allclose(ops.convert_to_numpy(output), full[:, :4], atol=1e-5)
 
-    def step(token, cache, index):
-        return layer(token, cache=cache, cache_index=index)
+        def step(token, cache, index):
+            return decode(token, cache, index)
 
-    compiled, compile_count = _compile_counting(step)
+        def compile_count():
+            return len(traces)
+
     outputs = []
     for position in range(4, 10):
-        index = ops.convert_to_tensor(position, dtype="int32")
-        output, cache = compiled(ops.convert_to_tensor(x[:, position : position + 1]), cache, index)
+        index = ops.convert_to_tensor(position, dtype="int32") if BACKEND == "torch" else position
+        token = ops.convert_to_tensor(x[:, position : position + 1])
+        output, new_cache = step(token, cache, index)
+        if BACKEND == "jax":  # donated: XLA wrote the new cache over it
+            assert cache.key.is_deleted()
+        if BACKEND == "tensorflow":  # the same variables
+            assert all(new is old for new, old in zip(new_cache, cache, strict=True))
+        cache = new_cache
         outputs.append(ops.convert_to_numpy(output))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), full[:, 4:], atol=1e-5)
-    assert compile_count() == 1
+    assert compile_count() == (1 if BACKEND == "torch" else 2)
 
 
 # ----------------------------------------------------------- single-token path

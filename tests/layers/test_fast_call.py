@@ -1,9 +1,10 @@
-"""The eager PyTorch decode step that skips Keras's `Layer.__call__` (layers/eager_decode.py).
+"""The eager PyTorch step of `GroupedQueryAttention.make_decode_function`, which skips
+Keras's `Layer.__call__` (layers/eager_decode.py), and head gates on the eager paths.
 
-It must return exactly what the general `__call__` returns, and be taken only where
-`__call__` would add nothing: elsewhere (autograd on, a Keras mask, mixed precision,
-inputs to convert, hooks, not built, dropout in an unknown training phase) and on
-JAX / TensorFlow every call goes through Keras as before.
+The direct call must be taken only where `__call__` would add nothing (elsewhere:
+autograd on, a Keras mask, mixed precision, inputs to convert, hooks, not built,
+dropout) and give the very same numbers. The compiled decode functions of JAX and
+TensorFlow are tested in tests/layers/test_cache.py.
 """
 
 import contextlib
@@ -18,9 +19,7 @@ from tests.layers.test_reference import random_inputs, randomise
 
 BACKEND = keras.backend.backend()
 FEATURES, PREFILL, MAX_LENGTH = 16, 3, 8
-# The fast call exists on PyTorch only (elsewhere `skips_keras_call` is always False;
-# running decode steps there to show it would cost JAX seconds of op compilations).
-TORCH_ONLY = pytest.mark.skipif(BACKEND != "torch", reason="the fast call is PyTorch-only")
+TORCH_ONLY = pytest.mark.skipif(BACKEND != "torch", reason="the direct call is PyTorch-only")
 
 
 def no_grad():
@@ -40,11 +39,9 @@ def built_layer(factory=None, **options):
     return layer
 
 
-def prefilled(layer, x):
-    with no_grad():
-        cache = layer.init_cache(batch_size=x.shape[0], max_length=MAX_LENGTH)
-        _, cache = layer(x[:, :PREFILL], cache=cache, cache_index=0)
-    return cache
+def new_cache(layer, batch):
+    # TensorFlow serves from a cache of variables (what the decode function is for).
+    return layer.init_cache(batch, MAX_LENGTH, variables=BACKEND == "tensorflow")
 
 
 class KerasCallCounter:
@@ -62,95 +59,80 @@ class KerasCallCounter:
         monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
 
 
-def steps(call, layer, x, cache, **kwargs):
+def decode(call, x, cache, **kwargs):
+    """Prefill `PREFILL` tokens, then one step per token: outputs and the final cache."""
     outputs = []
     with no_grad():
+        output, cache = call(x[:, :PREFILL], cache, 0, **kwargs)
+        outputs.append(ops.convert_to_numpy(output))
         for position in range(PREFILL, x.shape[1]):
-            output, cache = call(
-                layer, x[:, position : position + 1], cache=cache, cache_index=position, **kwargs
-            )
+            output, cache = call(x[:, position : position + 1], cache, position, **kwargs)
             outputs.append(ops.convert_to_numpy(output))
     return np.concatenate(outputs, axis=1), [ops.convert_to_numpy(b) for b in cache]
 
 
-def test_other_backends_keep_keras_call():
-    layer = built_layer()
-    token = ops.convert_to_tensor(random_inputs(1, 1, FEATURES))
-    with no_grad():
-        cache = layer.init_cache(batch_size=1, max_length=MAX_LENGTH)
-        skips = eager_decode.skips_keras_call(layer, (token,), {"cache": cache, "cache_index": 0})
-    assert skips == (BACKEND == "torch")
-    assert eager_decode.gates_are_ones(layer) == (BACKEND == "torch")
+def layer_call(layer):
+    def call(query, cache, cache_index, attention_mask=None):
+        return layer(query, cache=cache, cache_index=cache_index, attention_mask=attention_mask)
+
+    return call
 
 
 @TORCH_ONLY
 @pytest.mark.parametrize(
-    "factory, options, step_kwargs",
+    "factory, options",
     [
-        pytest.param(None, {}, {}, id="gqa"),
-        pytest.param(
-            None,
-            {"use_rope": True, "use_qk_norm": True, "sliding_window": 3, "use_bias": False},
-            {"use_causal_mask": True, "training": False},
-            id="gqa-rope-qknorm-window",
-        ),
-        pytest.param(
-            lambda **kw: MultiQueryAttention(4, head_dim=4, **kw),
-            {},
-            {},
-            id="mqa",
-        ),
+        pytest.param(None, {}, id="gqa"),
+        pytest.param(None, {"use_rope": True, "use_qk_norm": True, "sliding_window": 3}, id="all"),
+        pytest.param(lambda **kw: MultiQueryAttention(4, head_dim=4, **kw), {}, id="mqa"),
     ],
 )
-def test_fast_call_returns_what_keras_call_returns(monkeypatch, factory, options, step_kwargs):
+def test_direct_call_equals_keras_call_bit_for_bit(monkeypatch, factory, options):
     x = ops.convert_to_tensor(random_inputs(2, 6, FEATURES, seed=3))
     layer = built_layer(factory, **options)
-    general_cache, fast_cache = prefilled(layer, x), prefilled(layer, x)
-
-    def general(layer, *args, **kwargs):
-        return keras.layers.Layer.__call__(layer, *args, **kwargs)
-
-    expected, expected_cache = steps(general, layer, x, general_cache, **step_kwargs)
+    expected, expected_cache = decode(layer_call(layer), x, new_cache(layer, 2))
+    function = layer.make_decode_function()
     counter = KerasCallCounter(monkeypatch, layer)
-    got, got_cache = steps(
-        lambda layer, *a, **kw: layer(*a, **kw), layer, x, fast_cache, **step_kwargs
-    )
+    got, got_cache = decode(function, x, new_cache(layer, 2))
     np.testing.assert_array_equal(got, expected)
     for buffer, expected_buffer in zip(got_cache, expected_cache, strict=True):
         np.testing.assert_array_equal(buffer, expected_buffer)
-    assert counter.count == 0  # every step skipped Keras's __call__
+    assert counter.count == 0  # every call, prefill included, skipped Keras's __call__
 
 
 @TORCH_ONLY
-def test_fast_call_with_an_attention_mask_and_pruned_gates():
+def test_direct_call_with_an_attention_mask_and_pruned_gates():
     """A padding mask over the whole cache, and gates changed between steps (re-read)."""
+    import torch
+
     x = ops.convert_to_tensor(random_inputs(1, 6, FEATURES, seed=4))
-    keep = ops.convert_to_tensor(np.array([[False, True, True, True, True, True, True, True]]))
+    keep = torch.tensor([[False, True, True, True, True, True, True, True]])
     layer = built_layer()
+    function = layer.make_decode_function()
     results = []
-    for call in (keras.layers.Layer.__call__, type(layer).__call__):
+    for call in (layer_call(layer), function):
         layer.head_gates.assign(np.ones(4, "float32"))
-        cache = prefilled(layer, x)
-        first, cache = steps(call, layer, x[:, :5], cache, attention_mask=keep)
+        cache = new_cache(layer, 1)  # written in place by `decode`
+        first, _ = decode(call, x[:, :5], cache, attention_mask=keep)
         layer.head_gates.assign(np.array([1.0, 0.0, 1.0, 0.5], "float32"))
         with no_grad():
-            second, _ = call(layer, x[:, 5:6], cache=cache, cache_index=5, attention_mask=keep)
+            second, _ = call(x[:, 5:6], cache, 5, attention_mask=keep)
         results.append((first, ops.convert_to_numpy(second)))
-    (general_first, general_second), (fast_first, fast_second) = results
-    np.testing.assert_array_equal(fast_first, general_first)
-    np.testing.assert_array_equal(fast_second, general_second)
+    (general_first, general_second), (direct_first, direct_second) = results
+    np.testing.assert_array_equal(direct_first, general_first)
+    np.testing.assert_array_equal(direct_second, general_second)
     # The new gates took effect: the output differs from the same step with gates at 1.
     layer.head_gates.assign(np.ones(4, "float32"))
-    cache = prefilled(layer, x)
-    _, cache = steps(keras.layers.Layer.__call__, layer, x[:, :5], cache, attention_mask=keep)
+    cache = new_cache(layer, 1)
+    decode(function, x[:, :5], cache, attention_mask=keep)
     with no_grad():
-        ungated, _ = layer(x[:, 5:6], cache=cache, cache_index=5, attention_mask=keep)
-    assert not np.allclose(ops.convert_to_numpy(ungated), fast_second)
+        ungated, _ = function(x[:, 5:6], cache, 5, attention_mask=keep)
+    assert not np.allclose(ops.convert_to_numpy(ungated), direct_second)
 
 
 def test_gates_changed_after_a_forward_call_are_used():
     """The general path skips the product with gates at 1; a later change must count."""
-    x = ops.convert_to_tensor(random_inputs(2, 5, FEATURES, seed=5))
+    x = random_inputs(2, 5, FEATURES, seed=5)
     layer = built_layer()
     before = ops.convert_to_numpy(layer(x))
     gates = np.array([1.0, 0.0, 0.0, 1.0], "float32")
@@ -163,29 +145,29 @@ def test_gates_changed_after_a_forward_call_are_used():
     layer.output_kernel.assign(kernel * gates[:, None, None])
     np.testing.assert_allclose(after, ops.convert_to_numpy(layer(x)), atol=1e-6)
     assert not np.allclose(after, before)
+    assert eager_decode.gates_are_ones(layer) == (BACKEND == "torch")
 
 
 @TORCH_ONLY
-def test_fast_call_only_where_keras_call_adds_nothing():
+def test_direct_call_only_where_keras_call_adds_nothing():
     import torch
 
     layer = built_layer()
-    x = ops.convert_to_tensor(random_inputs(1, 5, FEATURES, seed=6))
-    cache = prefilled(layer, x)
-    token = x[:, PREFILL : PREFILL + 1]
-    kwargs = {"cache": cache, "cache_index": PREFILL}
+    token = ops.convert_to_tensor(random_inputs(1, 1, FEATURES, seed=6))
+    cache = new_cache(layer, 1)
 
-    def skips(query=token, layer=layer, **extra):
-        return eager_decode.skips_keras_call(layer, (query,), {**kwargs, **extra})
+    def skips(query=token, layer=layer, cache=cache, cache_index=PREFILL, mask=None):
+        return eager_decode.can_skip_keras_call(layer, query, cache, cache_index, mask)
 
     with torch.no_grad():
         assert skips()
         assert skips(cache_index=torch.tensor(PREFILL))
-        assert not skips(return_attention_scores=True)  # an argument it does not handle
+        assert skips(mask=torch.ones(1, MAX_LENGTH, dtype=torch.bool))
         assert not skips(cache_index=None)
+        assert not skips(cache_index=2.0)  # the general path refuses it
         assert not skips(query=token.double())  # Keras would convert it
         assert not skips(cache=tuple(b.double() for b in cache))
-        assert not skips(attention_mask=torch.ones(1, MAX_LENGTH))  # a float mask
+        assert not skips(mask=torch.ones(1, MAX_LENGTH))  # a float mask
         masked = token.clone()
         keras.src.backend.set_keras_mask(masked, torch.ones(1, 1, dtype=torch.bool))
         assert not skips(query=masked)  # a mask to propagate
@@ -195,14 +177,12 @@ def test_fast_call_only_where_keras_call_adds_nothing():
         assert not skips(query=token.half(), layer=mixed)  # variables autocast in a scope
         with keras.src.backend.AutocastScope("float16"):
             assert not skips()
-        dropout = built_layer(dropout=0.5)
-        assert not skips(layer=dropout)  # training would come from an enclosing call
-        assert skips(layer=dropout, training=False)
+        assert not skips(layer=built_layer(dropout=0.5))  # training from an enclosing call
         calls = []
         handle = layer.register_forward_hook(lambda *args: calls.append(args))
         try:
             assert not skips()
-            layer(token, **kwargs)  # through Keras and torch's Module.__call__: the hook runs
+            layer.make_decode_function()(token, cache, PREFILL)  # through Module.__call__
             assert len(calls) == 1
         finally:
             handle.remove()
@@ -210,16 +190,18 @@ def test_fast_call_only_where_keras_call_adds_nothing():
 
 
 @TORCH_ONLY
-def test_fast_call_still_checks_its_arguments():
+def test_direct_call_still_checks_its_arguments():
     import torch
 
     layer = built_layer()
+    function = layer.make_decode_function()
     x = ops.convert_to_tensor(random_inputs(1, 5, FEATURES, seed=7))
-    cache = prefilled(layer, x)
-    with torch.no_grad():
-        with pytest.raises(ValueError, match="overruns the cache"):
-            layer(x[:, :1], cache=cache, cache_index=MAX_LENGTH)
-        with pytest.raises(ValueError, match="features"):
-            layer(torch.zeros(1, 1, FEATURES + 1), cache=cache, cache_index=PREFILL)
-        with pytest.raises(ValueError, match="cache"):
-            layer(x[:, :1], cache=(cache.key[:1, :1], cache.value[:1, :1]), cache_index=PREFILL)
+    cache = new_cache(layer, 1)
+    with pytest.raises(ValueError, match="overruns the cache"):
+        function(x[:, :1], cache, MAX_LENGTH)
+    with pytest.raises(ValueError, match="features"):
+        function(torch.zeros(1, 1, FEATURES + 1), cache, PREFILL)
+    with pytest.raises(ValueError, match="cache"):
+        function(x[:, :1], (cache.key[:1, :1], cache.value[:1, :1]), PREFILL)
+    with pytest.raises(ValueError, match="cache_index"):
+        function(x[:, :1], cache, True)

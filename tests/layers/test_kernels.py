@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_mha.layers import GroupedQueryAttention, attention_kernels
+from keras_mha.layers import GroupedQueryAttention, attention_kernels, decode_attention
 from tests.layers.test_reference import random_inputs, randomise
 from tests.reference import attention_numpy
 
@@ -84,3 +84,35 @@ def test_fused_without_empty_row_guard_matches_for_causal_masks():
     np.testing.assert_allclose(
         ops.convert_to_numpy(unguarded), ops.convert_to_numpy(guarded), atol=1e-6
     )
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(8, 2), (4, 4)])
+def test_single_query_attention_over_the_old_cache_equals_attention_over_the_written_one(
+    num_heads, num_kv_heads
+):
+    """JAX's decode kernel (plain keras.ops, so checked on every backend): masks over the
+    cache with a row left empty, one whose only key is the new token, and none."""
+    rng = np.random.RandomState(6)
+    batch, length, head_dim, position = 3, 9, 8, 5
+    query = tensor(batch, 1, num_heads, head_dim)
+    new_key, new_value = (tensor(batch, 1, num_kv_heads, head_dim, seed=s) for s in (1, 2))
+    old_key, old_value = (tensor(batch, num_kv_heads, length, head_dim, seed=s) for s in (3, 4))
+    written = [np.array(ops.convert_to_numpy(b)) for b in (old_key, old_value)]
+    for buffer, new in zip(written, (new_key, new_value), strict=True):
+        buffer[:, :, position] = ops.convert_to_numpy(new)[:, 0]
+    mask = rng.rand(batch, num_heads, 1, length) > 0.3
+    mask[..., position + 1 :] = False  # unwritten positions
+    mask[0] = False  # nothing to attend: zeros
+    mask[1, :, :, :] = False
+    mask[1, :, :, position] = True  # only the new token
+    written = [ops.convert_to_tensor(buffer) for buffer in written]
+    for step_mask in (ops.convert_to_tensor(mask), None):  # None: every position counts
+        expected = attention_kernels.grouped_attention(
+            query, *written, step_mask, scale=0.3, key_heads_first=True
+        )
+        got = decode_attention.single_query_attention(
+            query, new_key, new_value, old_key, old_value, step_mask, position=position, scale=0.3
+        )
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5
+        )

@@ -1,0 +1,214 @@
+"""Decode steps compiled the way each backend serves them; the backend is picked here.
+
+`compile_decode_step(owner, forward)` turns `forward(inputs, mask, caches, index) ->
+(outputs, caches)`, a layer's or a model's call on its KV caches, into the step that
+each backend decodes with, as keras-hub's `CausalLM.make_generate_function` does for
+its models, so that the layers and models hold no backend branch of their own:
+
+- JAX: `jax.jit`, `owner`'s variables passed in (`keras.StatelessScope`), the caches
+  donated so that XLA updates them in place;
+- TensorFlow: `tf.function(jit_compile=True)`; variable caches
+  (`init_cache(..., variables=True)`) are assigned in place and kept out of the
+  function's outputs (a returned variable comes back as a copy);
+- PyTorch: eager calls under `torch.no_grad()` (the caches written in place), or
+  `torch.compile(dynamic=False)` with `compile_torch=True`.
+
+The index is an int32 tensor to the compiled steps (a 0-d tensor under
+`torch.compile`), so one compiled step serves every position; a step made with
+`static_index=True` is a prefill at position 0, which keeps the fused causal kernels.
+
+`GroupedQueryAttention.make_decode_function` is `layer_decode_function`, and
+`keras_mha.models.generate` compiles its prefill and step with `compile_decode_step`.
+
+Example:
+    >>> decode = layer_decode_function(layer)
+    >>> cache = layer.init_cache(1, 64, variables=keras.backend.backend() == "tensorflow")
+    >>> output, cache = decode(prompt, cache, 0)  # doctest: +SKIP
+    >>> output, cache = decode(token, cache, prompt.shape[1])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras.src.backend import get_autocast_scope, in_stateless_scope
+
+from keras_mha.layers import eager_decode, kv_cache
+
+
+def compile_decode_step(
+    owner,
+    forward,
+    *,
+    static_index=False,
+    compile_torch=False,
+    jit_compile=True,
+    eager_forward=None,
+    on_trace=None,
+    guard_tensors_only=False,
+):
+    """`step(inputs, mask, caches, index) -> (outputs, caches)`: `forward` compiled here.
+
+    Args:
+        owner: the layer or model whose variables `forward` reads (JAX passes them in).
+        forward: `forward(inputs, mask, caches, index) -> (outputs, caches)`.
+        static_index: a prefill: `forward` gets the Python int 0 whatever `index` is.
+        compile_torch: PyTorch: `torch.compile` the step instead of eager calls.
+        jit_compile: TensorFlow: compile with XLA (False: a plain `tf.function`).
+        eager_forward: PyTorch eager: called instead of `forward`.
+        on_trace: called whenever the step is traced (JAX, TensorFlow), once at
+            the first call under `torch.compile`.
+        guard_tensors_only: `torch.compile` checks only the tensors' shapes and dtypes
+            before each call, not the Python state `forward` read (as `jax.jit` and
+            `tf.function` do); only for a `forward` that compiles to one graph (Dynamo's
+            resumed frames after a graph break need their guards).
+
+    Example:
+        >>> step = compile_decode_step(layer, lambda x, mask, cache, index: layer(
+        ...     x, cache=cache, cache_index=index, attention_mask=mask))
+        >>> output, cache = step(token, None, cache, 7)  # doctest: +SKIP
+    """
+    on_trace = on_trace or (lambda: None)
+
+    def positioned(inputs, mask, caches, index):
+        return forward(inputs, mask, caches, 0 if static_index else index)
+
+    def traced(inputs, mask, caches, index):  # runs once per trace under jit / tf.function
+        on_trace()
+        return positioned(inputs, mask, caches, index)
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return _jax_step(owner, traced)
+    if backend == "tensorflow":
+        return _tensorflow_step(traced, jit_compile)
+    if compile_torch:
+        # Dynamo replays Python side effects at every call: `on_trace` stays outside.
+        return _compiled_torch_step(positioned, on_trace, guard_tensors_only)
+    return _eager_torch_step(eager_forward or forward, static_index)
+
+
+def _jax_step(owner, traced):
+    import jax
+
+    def stateless(variables, inputs, mask, caches, index):
+        mapping = list(zip(owner.variables, variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping):
+            return traced(inputs, mask, caches, index)
+
+    compiled = jax.jit(stateless, donate_argnums=(3,))
+
+    def step(inputs, mask, caches, index):
+        index = np.int32(index) if _is_int(index) else index
+        return compiled(_values(owner.variables), inputs, mask, caches, index)
+
+    return step
+
+
+def _values(variables):
+    """The variables' arrays, as `.value` gives them (which costs ~8 us a variable on JAX).
+
+    Outside a stateless or autocast scope, that is the stored array itself.
+    """
+    if in_stateless_scope() or get_autocast_scope() is not None:
+        return [variable.value for variable in variables]
+    return [
+        variable.value if v is None else v for variable in variables for v in (variable._value,)
+    ]
+
+
+def _tensorflow_step(traced, jit_compile):
+    import tensorflow as tf
+
+    def function(inputs, mask, caches, index):
+        outputs, new_caches = traced(inputs, mask, caches, index)
+        # Variable caches were written in place: returned, they would be copied out.
+        return outputs, () if kv_cache.all_in_place(caches) else new_caches
+
+    compiled = tf.function(function, jit_compile=jit_compile, reduce_retracing=False)
+
+    def step(inputs, mask, caches, index):
+        mask = None if mask is None else tf.convert_to_tensor(mask)
+        index = tf.constant(index, tf.int32) if _is_int(index) else index
+        outputs, new_caches = compiled(tf.convert_to_tensor(inputs), mask, caches, index)
+        return outputs, caches if kv_cache.all_in_place(caches) else new_caches
+
+    return step
+
+
+def _compiled_torch_step(forward, on_trace, guard_tensors_only):
+    import torch
+
+    # Python ints would be specialised (a graph per position): the index is a tensor.
+    # Checking every Python attribute a Keras call reads cost more than the step
+    # (measured), hence `guard_tensors_only`. Autograd is switched off outside the graph.
+    def tensor_guards(guard_entries):
+        return torch.compiler.keep_tensor_guards_unsafe(guard_entries, keep_parameters=True)
+
+    options = {"guard_filter_fn": tensor_guards} if guard_tensors_only else None
+    compiled = torch.compile(forward, dynamic=False, options=options)
+    first_call = [True]
+
+    def step(inputs, mask, caches, index):
+        if first_call[0]:
+            first_call[0] = False
+            on_trace()
+        if _is_int(index):
+            index = torch.tensor(int(index), dtype=torch.int32)
+        with torch.no_grad():
+            return compiled(inputs, mask, caches, index)
+
+    return step
+
+
+def _eager_torch_step(forward, static_index):
+    import torch
+
+    # What `torch.no_grad()` does, without its context-manager wrapper, which cost
+    # 3x as much as switching the mode (about a fused kernel launch per step).
+    set_grad_enabled = torch._C._set_grad_enabled
+
+    def step(inputs, mask, caches, index):
+        enabled = torch.is_grad_enabled()
+        set_grad_enabled(False)
+        try:
+            return forward(inputs, mask, caches, 0 if static_index else index)
+        finally:
+            set_grad_enabled(enabled)
+
+    return step
+
+
+def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
+    """`GroupedQueryAttention.make_decode_function`: see its docstring.
+
+    Example:
+        >>> decode = layer_decode_function(layer)
+        >>> output, cache = decode(token, cache, 7)  # doctest: +SKIP
+    """
+
+    def forward(query, mask, cache, index):
+        return layer(query, cache=cache, cache_index=index, attention_mask=mask)
+
+    def eager_forward(query, mask, cache, index):
+        # Keras's per-call bookkeeping costs about as much as the step itself.
+        if eager_decode.can_skip_keras_call(layer, query, cache, index, mask):
+            return eager_decode.call_directly(layer, query, cache, index, mask)
+        return forward(query, mask, cache, index)
+
+    options = {"compile_torch": compile_torch, "jit_compile": jit_compile}
+    options.update(eager_forward=eager_forward, guard_tensors_only=True)  # one graph
+    prefill = compile_decode_step(layer, forward, static_index=True, **options)
+    step = compile_decode_step(layer, forward, **options)
+
+    def decode(query, cache, cache_index, attention_mask=None):
+        run = prefill if _is_int(cache_index) and cache_index == 0 else step
+        return run(query, attention_mask, cache, cache_index)
+
+    return decode
+
+
+def _is_int(index):
+    """A Python or NumPy int (converted to the backend's index here); not a bool, which
+    goes on as it is for the layer to refuse."""
+    return isinstance(index, (int, np.integer)) and not isinstance(index, bool)
