@@ -5,24 +5,24 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
-from keras_mha.models import build_model
 from keras_mha.models.generation import _decoder_for
 from keras_mha.models.kept_logits import check_logits_to_keep
-from tests.configs import tiny_llama
+from tests.models_checkpoints import loaded
 
-LENGTH = 6
+# Prompts of test_loading's sampling tests: generate's prefill compiled once for both.
+LENGTH = 4
 
 
 @pytest.fixture(scope="module")
-def model():
-    return build_model(from_config(tiny_llama(head_dim=8, tie_word_embeddings=True)))
+def model(tmp_path_factory):
+    # The session's Llama checkpoint (loaded once for every test module that uses it).
+    return loaded(tmp_path_factory, "llama")[1]
 
 
 @pytest.fixture(scope="module")
 def inputs():
-    ids = np.random.default_rng(0).integers(0, 50, (2, LENGTH)).astype("int32")
+    ids = np.random.default_rng(0).integers(0, 128, (2, LENGTH)).astype("int32")
     mask = np.ones((2, LENGTH), dtype=bool)
     mask[0, :2] = False  # a left-padded row
     return {"token_ids": ids, "padding_mask": mask}
@@ -58,8 +58,8 @@ def test_prefill_on_the_cache_and_in_generate_keeps_the_last_row(model, inputs, 
 
 
 def test_a_bad_logits_to_keep_is_refused_before_the_model_runs(model, inputs):
-    with pytest.raises(UsageError, match=r"^logits_to_keep=7; expected an int >= 0 and <= the 6"):
-        model(inputs, logits_to_keep=7)
+    with pytest.raises(UsageError, match=r"^logits_to_keep=5; expected an int >= 0 and <= the 4"):
+        model(inputs, logits_to_keep=5)
 
 
 @pytest.mark.backend_independent
@@ -71,8 +71,8 @@ def test_a_bad_logits_to_keep_is_refused_before_the_model_runs(model, inputs):
         (1.0, r"logits_to_keep=1.0; expected"),
         ([], r"logits_to_keep=\[\]; expected"),
         ([[0]], r"logits_to_keep=\[\[0\]\]; expected"),
-        ([0, 6], r"positions must be in \[-6, 6\) for 6 tokens"),
-        ([-7], r"positions must be in \[-6, 6\)"),
+        ([0, 4], r"positions must be in \[-4, 4\) for 4 tokens"),
+        ([-5], r"positions must be in \[-4, 4\)"),
     ],
 )
 def test_check_logits_to_keep_names_the_argument_and_the_value(value, message):
@@ -85,6 +85,6 @@ def test_check_logits_to_keep_names_the_argument_and_the_value(value, message):
 def test_check_logits_to_keep_normalises():
     assert check_logits_to_keep(None, LENGTH) == 0
     assert check_logits_to_keep(np.int64(2), LENGTH) == 2
-    assert check_logits_to_keep((5, -6), LENGTH).tolist() == [5, -6]
+    assert check_logits_to_keep((3, -4), LENGTH).tolist() == [3, -4]
     # While tracing the length may be unknown: positions are then not range-checked.
     assert check_logits_to_keep([100], None).tolist() == [100]
