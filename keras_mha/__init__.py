@@ -29,6 +29,9 @@ _LAZY_LAYER_EXPORTS = (
 # The memory planner (pure Python: never imports keras).
 _LAZY_PLAN_EXPORTS = ("Plan", "plan")
 
+# Model-level functions, by the module that holds them (imported on first use too).
+_LAZY_FUNCTION_EXPORTS = {"convert_attention": "keras_mha.conversion.convert"}
+
 
 def __getattr__(name):
     if name in _LAZY_LAYER_EXPORTS:
@@ -39,11 +42,20 @@ def __getattr__(name):
         from keras_mha.cards import plan
 
         return getattr(plan, name)
+    if name in _LAZY_FUNCTION_EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY_FUNCTION_EXPORTS[name]), name)
     raise AttributeError(f"module 'keras_mha' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY_LAYER_EXPORTS) + list(_LAZY_PLAN_EXPORTS))
+    return sorted(
+        list(globals())
+        + list(_LAZY_LAYER_EXPORTS)
+        + list(_LAZY_PLAN_EXPORTS)
+        + list(_LAZY_FUNCTION_EXPORTS)
+    )
 
 
-__all__ = ["__version__", *_LAZY_LAYER_EXPORTS, *_LAZY_PLAN_EXPORTS]
+__all__ = ["__version__", *_LAZY_LAYER_EXPORTS, *_LAZY_PLAN_EXPORTS, *_LAZY_FUNCTION_EXPORTS]

@@ -8,6 +8,8 @@
     keras-mha compare MODEL MODEL ... [--seq-len N] [--gpu NAME] [--plot FILE.png] ...
     keras-mha heads MODEL --text FILE [--conllu FILE] [--importance METHOD] [--plot FILE.png]
                     [--html FILE.html] [--format table|json|markdown]   what each head does
+    keras-mha convert SOURCE --kv-heads N --out DIR [--method M] [--data FILE --steps S]
+                      [--distill] [--format table|json|markdown]   MHA -> GQA/MQA
     keras-mha cards                      list the bundled cards
     keras-mha gpus                       list the accelerators --gpu knows
     keras-mha --version
@@ -40,7 +42,7 @@ import sys
 import warnings
 
 from keras_mha import moved_paths
-from keras_mha.commands import bench, cards, compare, gpus, heads, inspect, prune
+from keras_mha.commands import bench, cards, compare, convert, gpus, heads, inspect, prune
 from keras_mha.commands.arguments import ArgumentParser
 from keras_mha.commands.output import (
     PROGRAM,
@@ -62,7 +64,7 @@ from keras_mha.safe_text import one_line, redact_secrets
 from keras_mha.version import __version__
 
 #: The subcommands, in `--help` order: each module's `add_parser(subcommands)` registers it.
-COMMANDS = (inspect, cards, compare, gpus, prune, heads, bench)
+COMMANDS = (inspect, cards, compare, gpus, prune, convert, heads, bench)
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 #: Exit status when the reader of stdout went away (128 + SIGPIPE), as for `yes | head -1`.
 EXIT_BROKEN_PIPE = BROKEN_PIPE_EXIT_CODE

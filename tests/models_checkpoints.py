@@ -187,20 +187,24 @@ class Checkpoint:
 _CACHE: dict[str, Checkpoint] = {}
 
 
-def checkpoint(tmp_path_factory, case: str) -> Checkpoint:
-    """The checkpoint of `case`, written on first use in this session."""
-    if case in _CACHE:
-        return _CACHE[case]
+def checkpoint(tmp_path_factory, case: str, num_key_value_heads=None) -> Checkpoint:
+    """The checkpoint of `case`, written on first use in this session; with
+    `num_key_value_heads`, the same family with that many KV heads (e.g. multi-head)."""
+    key = case if num_key_value_heads is None else f"{case}_kv{num_key_value_heads}"
+    if key in _CACHE:
+        return _CACHE[key]
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     config_class, arguments, model_class, _ = CASES[case]
+    if num_key_value_heads is not None:
+        arguments = {**arguments, "num_key_value_heads": num_key_value_heads}
     torch.manual_seed(sum(map(ord, case)))
     config = getattr(transformers, config_class)(**arguments)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.1)
-    directory = tmp_path_factory.mktemp(f"checkpoint_{case}")
+    directory = tmp_path_factory.mktemp(f"checkpoint_{key}")
     model.save_pretrained(directory)
 
     generator = np.random.default_rng(0)
@@ -230,7 +234,7 @@ def checkpoint(tmp_path_factory, case: str) -> Checkpoint:
         run(padding_mask),
         model,
     )
-    _CACHE[case] = made
+    _CACHE[key] = made
     return made
 
 

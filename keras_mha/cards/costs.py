@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from keras_mha.cards.spec import ModelSpec
-from keras_mha.families import family_for
+from keras_mha.families import VISION_TOWER_LAYOUTS, family_for
 
 # Bits per cached element; int4 packs two elements in a byte.
 KV_DTYPE_BITS = {
@@ -293,11 +293,11 @@ def _vision_tower(spec: ModelSpec) -> int:
     """
     vision = spec.vision
     width, inner, patch = vision.hidden_size, vision.intermediate_size, vision.patch_size
-    clip = vision.model_type == "clip_vision_model"
-    count = width * vision.num_channels * patch * patch + (0 if clip else width)
-    count += (vision.num_patches + clip) * width  # position embedding
-    if clip:
-        count += width + 2 * width  # class_embedding, pre_layrnorm
+    layout = VISION_TOWER_LAYOUTS[vision.model_type]
+    count = width * vision.num_channels * patch * patch + layout.patch_bias * width
+    count += (vision.num_patches + layout.class_token) * width  # position embedding
+    count += layout.class_token * width  # class_embedding
+    count += layout.pre_layernorm * 2 * width
     per_layer = 4 * _linear(width, width, True) + 2 * (2 * width)
     per_layer += _linear(width, inner, True) + _linear(inner, width, True)
     count += vision.num_layers * per_layer + 2 * width  # post_layernorm

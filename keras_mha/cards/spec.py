@@ -45,6 +45,7 @@ from keras_mha.errors import ConfigError
 from keras_mha.families import (
     GENERIC_NAME,
     VISION_TOWER_DEFAULTS,
+    VISION_TOWER_LAYOUTS,
     Family,
     family_for,
     generic_family,
@@ -590,7 +591,8 @@ def _read_vision(
         num_channels=vision.integer("num_channels", "image"),
         image_size=image_size,
         patch_size=vision.integer("patch_size", "image", high=image_size, shape=True),
-        use_head=vision_type == "siglip_vision_model" and vision.flag("vision_use_head", True),
+        use_head=VISION_TOWER_LAYOUTS[vision_type].pooling_head
+        and vision.flag("vision_use_head", True),
         projector=model_type,
         **wrapper.read_projector(top),
     )

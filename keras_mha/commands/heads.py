@@ -159,13 +159,9 @@ def load_model(arguments):
                 key="MODEL",
             ) from None
         return model
-    from keras_mha.models import export as exporting
+    from keras_mha.commands.options import load_checkpoint
 
-    return exporting.load_for_pruning(
-        arguments.model, dtype=arguments.dtype, revision=arguments.revision,
-        token=arguments.token, endpoint=arguments.endpoint,
-        offline=True if arguments.offline else None, timeout=arguments.timeout,
-    )  # fmt: skip
+    return load_checkpoint(arguments, arguments.model)
 
 
 def _require_attention(model, arguments):

@@ -28,6 +28,8 @@ from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
 DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.planner.memory.DEFAULT_PREFILL_CHUNK
+#: `prune` / `convert`: dtypes a checkpoint is loaded and written in.
+CHECKPOINT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _argparse_type(parse, flag: str):
@@ -378,18 +380,119 @@ def fraction_type(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error).removeprefix("--memory-utilization ")) from None
 
 
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, data_help: str) -> None:
+    """Add the flags of a command that reads a Hub checkpoint and writes one (`prune`,
+    `convert`): SOURCE, `--out`, then, under their own heading, `--data` and how it is
+    cut, `--dtype`, `--max-shard-size`, `--overwrite` and the Hub flags.
+    `check_checkpoint_arguments` checks them; `load_checkpoint` loads SOURCE with them.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_checkpoint_arguments(parser, data_help="text to train on")
+        >>> parser.parse_args(["./model", "--out", "new", "--batch", "4"]).batch_size
+        4
+    """
+    parser.add_argument("source", metavar="SOURCE", help="checkpoint folder or Hub model id")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    # Listed under their own heading, after the command's own options.
+    shared = parser.add_argument_group("text, output and Hub options")
+    shared.add_argument("--data", metavar="FILE", help=data_help)
+    add_text_batching_arguments(
+        shared,
+        text_flag="--data",
+        seq_len_help="tokens per sequence (each example)",
+        batch_help="examples per batch",
+    )
+    shared.add_argument(
+        "--dtype",
+        choices=CHECKPOINT_DTYPES,
+        help="load and compute in this dtype (default: checkpoint's)",
+    )
+    shared.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="split the safetensors above this size (default 5GB)",
+    )
+    shared.add_argument(
+        "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
+    )
+    add_hub_arguments(shared)
+
+
+def check_checkpoint_arguments(arguments: argparse.Namespace) -> list:
+    """Refuse, before any loading, a `--data` that is not a text file, a bad
+    `--max-shard-size`, an `--out` that cannot be written or that is, holds or lies in
+    SOURCE (see `keras_mha.models.export_files.check_output_folder`), or a SOURCE file
+    the export would copy that leads out of SOURCE. Returns the protected source
+    folders (`[SOURCE]` when it is a local folder, else `[]`).
+
+    Raises:
+        PathError, UsageError, CheckpointError: one line naming the flag.
+
+    Example:
+        >>> check_checkpoint_arguments(parser.parse_args(["./m", "--out", "/"]))  # doctest: +SKIP
+        Traceback (most recent call last):
+        PathError: --out: '/' exists and is not empty; pass --overwrite ...
+    """
+    from pathlib import Path
+
+    from keras_mha.errors import ExportError
+    from keras_mha.models.export_files import check_output_folder, parse_size
+
+    if arguments.data is not None:
+        from keras_mha.commands.prune_data import check_text_file
+
+        check_text_file(arguments.data)
+    try:
+        parse_size(arguments.max_shard_size)
+    except ExportError as error:
+        raise UsageError(
+            f"--max-shard-size {arguments.max_shard_size!r}: expected e.g. 5GB, 500MB or 2GiB",
+            key="--max-shard-size",
+            value=arguments.max_shard_size,
+        ) from error
+    source = Path(arguments.source).expanduser()
+    sources = [source] if source.is_dir() else []
+    check_output_folder(arguments.out, overwrite=arguments.overwrite, source=sources)
+    if sources:
+        from keras_mha.models.export import source_files
+
+        source_files(source)  # the files the export copies stay inside SOURCE
+    return sources
+
+
+def load_checkpoint(arguments: argparse.Namespace, source: str):
+    """`keras_mha.models.export.load_for_pruning(source)` with the parsed `--dtype` and
+    Hub flags.
+
+    Example:
+        >>> model = load_checkpoint(arguments, arguments.source)  # doctest: +SKIP
+    """
+    from keras_mha.models.export import load_for_pruning
+
+    return load_for_pruning(
+        source, dtype=arguments.dtype, revision=arguments.revision,
+        token=arguments.token, endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None, timeout=arguments.timeout,
+    )  # fmt: skip
+
+
 __all__ = [
+    "CHECKPOINT_DTYPES",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_SEQ_LEN",
     "OPTIMIZERS",
     "PRECISIONS",
     "add_batch_argument",
+    "add_checkpoint_arguments",
     "add_hub_arguments",
     "add_kv_dtype_argument",
     "add_memory_arguments",
     "add_text_batching_arguments",
     "add_wide_argument",
+    "check_checkpoint_arguments",
+    "load_checkpoint",
     "fraction_type",
     "dtype_type",
     "memory_request",

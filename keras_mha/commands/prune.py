@@ -36,16 +36,16 @@ import warnings
 from pathlib import Path
 
 from keras_mha.commands.options import (
-    add_hub_arguments,
-    add_text_batching_arguments,
+    add_checkpoint_arguments,
+    check_checkpoint_arguments,
     fit_text_batching_to_model,
+    load_checkpoint,
     positive_int_type,
 )
 from keras_mha.errors import ExportError, PruningError, UsageError
 
 METHODS = ("taylor", "ablation", "magnitude")
 POLICIES = ("group", "query")
-DTYPES = ("float32", "bfloat16", "float16")
 FORMATS = ("table", "json")
 CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss default
 
@@ -98,7 +98,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "transformers loads, with a before/after report."
         ),
     )
-    parser.add_argument("source", metavar="SOURCE", help="checkpoint folder or Hub model id")
+    add_checkpoint_arguments(parser, data_help="plain UTF-8 text to score on and measure with")
     parser.add_argument(
         "--target",
         required=True,
@@ -106,18 +106,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="heads to remove: 25%% or 0.25 of all heads, or a number of heads (with --uniform "
         "a multiple of the number of layers)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write")
     parser.add_argument(
         "--method", default="taylor", help=f"head importance: {', '.join(METHODS)} (default taylor)"
-    )
-    parser.add_argument(
-        "--data", metavar="FILE", help="plain UTF-8 text to score on and measure with"
-    )
-    add_text_batching_arguments(
-        parser,
-        text_flag="--data",
-        seq_len_help="tokens per sequence (each example)",
-        batch_help="examples per batch",
     )
     parser.add_argument(
         "--policy",
@@ -133,9 +123,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "a Hub checkpoint; --no-uniform ranks heads across layers and writes a .keras model "
         "when the layers end up different",
     )
-    parser.add_argument(
-        "--dtype", choices=DTYPES, help="load and compute in this dtype (default: checkpoint's)"
-    )
     parser.add_argument("--format", default="table", choices=FORMATS, help="output (default table)")
     parser.add_argument(
         "--heatmap", metavar="FILE.png", help="also save head importance per layer and head"
@@ -146,27 +133,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=10,
         help="timed forward passes for the latency figure, median kept (default 10)",
     )
-    parser.add_argument(
-        "--max-shard-size",
-        default="5GB",
-        help="split the safetensors above this size (default 5GB)",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
-    )
-    add_hub_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
 
 def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
-    from keras_mha.models.export_files import (
-        check_not_in_source,
-        check_output_file,
-        check_output_folder,
-        parse_size,
-    )
+    from keras_mha.models.export_files import check_not_in_source, check_output_file
 
     if arguments.method not in METHODS:
         raise UsageError(
@@ -181,25 +154,7 @@ def _check_arguments(arguments):
             "or use --method magnitude, which needs none",
             key="--data",
         )
-    if arguments.data is not None:
-        from keras_mha.commands.prune_data import check_text_file
-
-        check_text_file(arguments.data)
-    try:
-        parse_size(arguments.max_shard_size)
-    except ExportError as error:
-        raise UsageError(
-            f"--max-shard-size {arguments.max_shard_size!r}: expected e.g. 5GB, 500MB or 2GiB",
-            key="--max-shard-size",
-            value=arguments.max_shard_size,
-        ) from error
-    source = Path(arguments.source).expanduser()
-    sources = [source] if source.is_dir() else []
-    check_output_folder(arguments.out, overwrite=arguments.overwrite, source=sources)
-    if sources:
-        from keras_mha.models.export import source_files
-
-        source_files(source)  # the files the export copies stay inside SOURCE
+    sources = check_checkpoint_arguments(arguments)
     if arguments.heatmap:
         check_output_file(arguments.heatmap, suffix=".png", argument="--heatmap")
         check_not_in_source(
@@ -317,6 +272,7 @@ def _encoder_scoring(model, data, batch_size, reference):
     """(scoring model, batches, loss, {scoring path: model path}) for an encoder."""
     import keras
 
+    from keras_mha.models.sentence_embedding import sentence_embedding_model
     from keras_mha.pruning import find_attention_layers
 
     embedding_model = sentence_embedding_model(model)
@@ -340,44 +296,6 @@ def _encoder_scoring(model, data, batch_size, reference):
         path: by_id[id(layer)] for path, layer in find_attention_layers(embedding_model).items()
     }
     return embedding_model, batches, contrastive, paths
-
-
-def _sentence_embedding_class():
-    import keras
-
-    class SentenceEmbedding(keras.Model):
-        """An encoder followed by mean pooling over real tokens and L2 normalisation."""
-
-        def __init__(self, encoder, **kwargs):
-            super().__init__(**kwargs)
-            self.encoder = encoder
-
-        def call(self, inputs, training=False):
-            hidden = self.encoder(inputs, training=training)
-            mask = keras.ops.cast(inputs["padding_mask"], hidden.dtype)[..., None]
-            pooled = keras.ops.sum(hidden * mask, axis=1) / keras.ops.maximum(
-                keras.ops.sum(mask, axis=1), 1e-9
-            )
-            pooled = keras.ops.cast(pooled, "float32")
-            return pooled / keras.ops.maximum(
-                keras.ops.sqrt(keras.ops.sum(pooled * pooled, axis=-1, keepdims=True)), 1e-12
-            )
-
-    return SentenceEmbedding
-
-
-def sentence_embedding_model(encoder):
-    """`encoder` followed by mean pooling over real tokens and L2 normalisation.
-
-    Its attention layers are the encoder's own, so scores taken on it are the encoder's.
-    (The class is made on first use: this module is imported without keras for `--help`.)
-
-    Example:
-        >>> embed = sentence_embedding_model(from_pretrained("all-MiniLM-L6-v2"))  # doctest: +SKIP
-        >>> embed({"token_ids": ids, "padding_mask": mask}).shape  # doctest: +SKIP
-        (2, 384)
-    """
-    return _sentence_embedding_class()(encoder)
 
 
 def score_heads(model, kind, data, arguments, reference, progress_enabled):
@@ -438,11 +356,7 @@ def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
     """
     from keras_mha.commands import prune_data
 
-    if kind == "decoder":
-        return prune_data.decoder_windows(
-            tokenizer, text, arguments.seq_len, arguments.max_tokens, argument=argument
-        )
-    if arguments.method != "magnitude" and arguments.batch_size < 2:
+    if kind == "encoder" and arguments.method != "magnitude" and arguments.batch_size < 2:
         # The encoder loss ranks each sentence against the others in its batch: alone
         # in a batch, a sentence's loss is exactly 0 and would score nothing.
         raise UsageError(
@@ -451,9 +365,10 @@ def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
             key="--batch-size",
             value=arguments.batch_size,
         )
-    return prune_data.encoder_sentences(
-        tokenizer, text, arguments.seq_len, arguments.max_tokens, argument=argument
-    )
+    return prune_data.examples_of_text(
+        tokenizer, text, kind=kind, seq_len=arguments.seq_len,
+        max_tokens=arguments.max_tokens, argument=argument,
+    )  # fmt: skip
 
 
 def _latency_inputs(data, kind, arguments, vocabulary_size):
@@ -487,11 +402,7 @@ def run(arguments) -> int:
 
     json_output = arguments.format == "json"
     progress_enabled = None if not json_output else False
-    model = exporting.load_for_pruning(
-        arguments.source, dtype=arguments.dtype, revision=arguments.revision,
-        token=arguments.token, endpoint=arguments.endpoint,
-        offline=True if arguments.offline else None, timeout=arguments.timeout,
-    )  # fmt: skip
+    model = load_checkpoint(arguments, arguments.source)
     kind = exporting.model_kind(model)
     fit_text_batching_to_model(model, arguments)
     # Refuse a target the layers cannot take before any measuring or scoring.
@@ -585,18 +496,7 @@ def _export(model, arguments):
     if not exporting.is_uniform(model):
         if arguments.uniform:  # pragma: no cover - a uniform plan always gives uniform layers
             raise ExportError("the pruned model is not uniform although --uniform was given")
-        from keras_mha.models.export_files import output_folder
-
-        source = exporting.source_directory(model)
-        with output_folder(arguments.out, overwrite=arguments.overwrite, source=source) as staging:
-            model.save(staging / "model.keras")
-        out = Path(arguments.out)
-        return {
-            "format": "keras",
-            "path": str(out),
-            "files": ["model.keras"],
-            "bytes": (out / "model.keras").stat().st_size,
-        }
+        return exporting.save_keras(model, arguments.out, overwrite=arguments.overwrite)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = exporting.save_pretrained(

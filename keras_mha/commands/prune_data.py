@@ -396,3 +396,29 @@ def _pad_id(tokenizer):
         if token_id is not None:
             return int(token_id)
     return 0  # Masked out; any valid id does.
+
+
+def examples_of_text(tokenizer, text, *, kind, seq_len, max_tokens=None, argument="--data"):
+    """`text` as model examples: next-token windows for decoders (`decoder_windows`),
+    sentences for encoders (`encoder_sentences`), at most `max_tokens` tokens.
+
+    Example:
+        >>> data = examples_of_text(tokenizer, "Some text.", kind="decoder", seq_len=128)
+        ... # doctest: +SKIP
+    """
+    if kind == "decoder":
+        return decoder_windows(tokenizer, text, seq_len, max_tokens, argument=argument)
+    return encoder_sentences(tokenizer, text, seq_len, max_tokens, argument=argument)
+
+
+def load_examples(directory, path, *, kind, seq_len, max_tokens=None):
+    """The text of `path`, tokenised by `directory`'s tokenizer, as model examples
+    (`examples_of_text`).
+
+    Example:
+        >>> data = load_examples("path/to/llama", "notes.txt", kind="decoder", seq_len=128)
+        ... # doctest: +SKIP
+    """
+    tokenizer = load_tokenizer(directory)
+    text = read_text(path, max_characters=characters_to_read(max_tokens))
+    return examples_of_text(tokenizer, text, kind=kind, seq_len=seq_len, max_tokens=max_tokens)

@@ -38,7 +38,13 @@ DEFAULT_LATENCY_RUNS = 10
 LATENCY_BUDGET_SECONDS = 20.0
 
 
-def _itemsize(dtype) -> int:
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of a Keras dtype (bfloat16 included).
+
+    Example:
+        >>> dtype_bytes("bfloat16"), dtype_bytes("float32")
+        (2, 4)
+    """
     return int(
         np.dtype(keras.backend.standardize_dtype(dtype).replace("bfloat16", "float16")).itemsize
     )
@@ -54,7 +60,7 @@ def kv_cache_bytes_per_token(model) -> int:
     total = 0
     for layer in find_attention_layers(model).values():
         window_free = 2 * layer.num_key_value_heads * layer.head_dim
-        total += window_free * _itemsize(layer.compute_dtype)
+        total += window_free * dtype_bytes(layer.compute_dtype)
     return total
 
 
@@ -206,7 +212,13 @@ def measure(
 # -- rendering --------------------------------------------------------------------------------
 
 
-def _number(value, digits=None):
+def format_number(value, digits=None):
+    """A figure for a table: thousands separated, `digits` decimals for floats, "—" for None.
+
+    Example:
+        >>> format_number(1234567), format_number(3.14159, 2), format_number(None)
+        ('1,234,567', '3.14', '—')
+    """
     if value is None:
         return "—"
     if isinstance(value, float) and digits is not None:
@@ -243,8 +255,8 @@ def render_table(report) -> str:
     rows = [
         (
             label,
-            _number(before[key], digits),
-            _number(after[key], digits),
+            format_number(before[key], digits),
+            format_number(after[key], digits),
             _change(before[key], after[key]),
         )
         for label, key, digits in ROWS

@@ -25,7 +25,7 @@ import os
 from importlib import import_module
 
 from keras_mha.families._family import Blocks, Family, Wrapper, read_family
-from keras_mha.families._vision import VISION_TOWER_DEFAULTS
+from keras_mha.families._vision import VISION_TOWER_DEFAULTS, VISION_TOWER_LAYOUTS, VisionLayout
 
 GENERIC_NAME = "generic"
 
@@ -158,6 +158,8 @@ __all__ = [
     "GENERIC_NAME",
     "KNOWN_MODEL_TYPES",
     "VISION_TOWER_DEFAULTS",
+    "VISION_TOWER_LAYOUTS",
+    "VisionLayout",
     "Blocks",
     "Family",
     "Wrapper",

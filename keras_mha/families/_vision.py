@@ -6,7 +6,30 @@ them): `cards.spec` reads a wrapper's `vision_config` with these defaults.
 Example:
     >>> VISION_TOWER_DEFAULTS["clip_vision_model"]["patch_size"]
     32
+    >>> VISION_TOWER_LAYOUTS["clip_vision_model"].class_token
+    True
 """
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VisionLayout:
+    """What a tower holds besides its encoder layers, as transformers builds it.
+
+    Attributes:
+        patch_bias: the patch convolution has a bias (SigLIP) or not (CLIP).
+        class_token: a class embedding plus its own position row (CLIP).
+        pre_layernorm: a LayerNorm before the encoder (CLIP's `pre_layrnorm`).
+        pooling_head: the config may add an attention-pooling head (SigLIP's
+            `vision_use_head`).
+    """
+
+    patch_bias: bool
+    class_token: bool
+    pre_layernorm: bool
+    pooling_head: bool
+
 
 # The ViT-Base shape both configs default to.
 _VIT_BASE = {
@@ -28,4 +51,13 @@ VISION_TOWER_DEFAULTS = {
     "clip_vision_model": {**_VIT_BASE, "patch_size": 32, "layer_norm_eps": 1e-5},
 }
 
-__all__ = ["VISION_TOWER_DEFAULTS"]
+VISION_TOWER_LAYOUTS = {
+    "siglip_vision_model": VisionLayout(
+        patch_bias=True, class_token=False, pre_layernorm=False, pooling_head=True
+    ),
+    "clip_vision_model": VisionLayout(
+        patch_bias=False, class_token=True, pre_layernorm=True, pooling_head=False
+    ),
+}
+
+__all__ = ["VISION_TOWER_DEFAULTS", "VISION_TOWER_LAYOUTS", "VisionLayout"]

@@ -203,7 +203,13 @@ def _attend_cache(q, k, v, cache, attention_mask, query_mask, options):
         return _generic_attention(q, keys, values, mask, options, key_heads_first=True)
     rows_may_be_empty = attention_mask is not None or query_mask is not None
     if cache.index is not None and keys.dtype == q.dtype and decode_attention.applies(q):
-        # The cache as it was, plus this step's key: XLA then updates it in place.
+        if decode_attention.prefers_two_fusions(q, keys):
+            # Each cache buffer read by one fusion: XLA then updates it in place.
+            heads = decode_attention.two_fusion_attention(
+                q, keys, values, mask, scale=options.scale, rows_may_be_empty=rows_may_be_empty
+            )
+            return heads, None
+        # The cache as it was, plus this step's key: XLA then copies it less.
         heads = decode_attention.single_query_attention(
             q,
             ops.cast(k, q.dtype),

@@ -6,7 +6,8 @@ each backend decodes with, as keras-hub's `CausalLM.make_generate_function` does
 its models, so that the layers and models hold no backend branch of their own:
 
 - JAX: `jax.jit`, `owner`'s variables passed in (`keras.StatelessScope`), the caches
-  donated so that XLA updates them in place;
+  donated so that XLA updates them in place (`step.lower(inputs, mask, caches, index)`
+  gives the lowering, e.g. to read the optimised HLO);
 - TensorFlow: `tf.function(jit_compile=True)`; variable caches
   (`init_cache(..., variables=True)`) are assigned in place and kept out of the
   function's outputs (a returned variable comes back as a copy);
@@ -98,10 +99,15 @@ def _jax_step(owner, traced):
 
     compiled = jax.jit(stateless, donate_argnums=(3,))
 
-    def step(inputs, mask, caches, index):
+    def arguments(inputs, mask, caches, index):
         index = np.int32(index) if _is_int(index) else index
-        return compiled(_values(owner.variables), inputs, mask, caches, index)
+        return _values(owner.variables), inputs, mask, caches, index
 
+    def step(inputs, mask, caches, index):
+        return compiled(*arguments(inputs, mask, caches, index))
+
+    # `step.lower(...).compile().as_text()`: the optimised HLO, to check what XLA copies.
+    step.lower = lambda *args: compiled.lower(*arguments(*args))
     return step
 
 

@@ -693,6 +693,35 @@ class GroupedQueryAttention(keras.layers.Layer):
 
         return prune_layer_heads(self, heads_to_remove)
 
+    def convert_kv_heads(self, num_key_value_heads, method="mean"):
+        """Pool the key/value heads in place down to `num_key_value_heads` (MHA -> GQA/MQA).
+
+        Each new KV head serves the query heads of the old KV heads it replaces;
+        `method` is `"mean"` (their mean: Ainslie et al. 2023), `"first"` (the first of
+        them) or `"regroup"` (reorder heads so the most alike share a group, then the
+        mean). Kernels shrink, the KV cache too; `.keras` save/load keeps the new
+        shape. A `MultiHeadAttention` becomes a `GroupedQueryAttention` (or a
+        `MultiQueryAttention` for 1). After converting a compiled model, compile it
+        again. See `keras_mha.layers.kv_conversion`.
+
+        Args:
+            num_key_value_heads: a divisor of the current `num_key_value_heads`.
+            method: `"mean"`, `"first"` or `"regroup"`.
+
+        Returns:
+            The query-head order: new query head `i` is old query head `order[i]`.
+
+        Example:
+            >>> layer = MultiHeadAttention(num_heads=8, head_dim=16)
+            >>> layer.build((None, None, 64))
+            >>> _ = layer.convert_kv_heads(2)
+            >>> type(layer).__name__, layer.num_key_value_heads
+            ('GroupedQueryAttention', 2)
+        """
+        from keras_mha.layers.kv_conversion import convert_layer_kv_heads
+
+        return convert_layer_kv_heads(self, num_key_value_heads, method)
+
     # ---------------------------------------------------------------- config
     def get_config(self):
         config = super().get_config()

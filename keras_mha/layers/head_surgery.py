@@ -1,9 +1,10 @@
 """Physical removal of attention heads from a built `GroupedQueryAttention`.
 
 The layer's variables are re-created at their smaller shapes in the same order
-`build()` creates them, so that a pruned layer saves to `.keras` and loads back
-into a layer built from its (smaller) config. This is the pattern Keras itself
-uses to swap variables when quantizing a layer (`_untrack_variable`).
+`build()` creates them (`replace_head_variables`), so that a pruned layer saves to
+`.keras` and loads back into a layer built from its (smaller) config. This is the
+pattern Keras itself uses to swap variables when quantizing a layer
+(`_untrack_variable`). KV-head conversion (`kv_conversion`) re-creates them the same way.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from keras import ops
 from keras_mha.errors import PruningError
 
 # Variables indexed by query head on this axis.
-_QUERY_HEAD_AXIS = {
+QUERY_HEAD_AXIS = {
     "query_kernel": 1,
     "query_bias": 0,
     "output_kernel": 0,
     "head_gates": 0,
 }
 # Variables indexed by KV head on this axis.
-_KV_HEAD_AXIS = {"key_kernel": 1, "value_kernel": 1, "key_bias": 0, "value_bias": 0}
+KV_HEAD_AXIS = {"key_kernel": 1, "value_kernel": 1, "key_bias": 0, "value_bias": 0}
 _UNCHANGED = ("output_bias", "query_norm_scale", "key_norm_scale")
+HEAD_VARIABLES = (*QUERY_HEAD_AXIS, *KV_HEAD_AXIS, *_UNCHANGED)
 
 
 def check_head_indices(heads, num_heads, argument="heads_to_remove"):
@@ -112,26 +114,77 @@ def prune_layer_heads(layer, heads_to_remove):
     )
     if len(kept_heads) == layer.num_heads:
         return kept_heads
-    names = [*_QUERY_HEAD_AXIS, *_KV_HEAD_AXIS, *_UNCHANGED]
-    old_values = {}
-    for name in names:
+    values = take_heads(head_variable_values(layer), kept_heads, kept_kv_heads)
+    replace_head_variables(
+        layer, values, num_heads=len(kept_heads), num_key_value_heads=len(kept_kv_heads)
+    )
+    return kept_heads
+
+
+def take_heads(values, query_heads, kv_heads):
+    """`values` (`head_variable_values`) with only these query and KV heads, in this order.
+
+    Example:
+        >>> take_heads({"key_bias": np.arange(3.0)[:, None]}, [0, 1], [2, 0])["key_bias"]
+        array([[2.],
+               [0.]])
+    """
+    taken = dict(values)
+    for name, value in values.items():
+        if name in QUERY_HEAD_AXIS:
+            taken[name] = np.take(value, query_heads, axis=QUERY_HEAD_AXIS[name])
+        elif name in KV_HEAD_AXIS:
+            taken[name] = np.take(value, kv_heads, axis=KV_HEAD_AXIS[name])
+    return taken
+
+
+def head_variable_values(layer):
+    """`{name: NumPy value}` of the layer's variables that `replace_head_variables` re-creates.
+
+    Example:
+        >>> layer = GroupedQueryAttention(4, 2, head_dim=8); layer.build((None, None, 16))
+        >>> head_variable_values(layer)["key_kernel"].shape
+        (16, 2, 8)
+    """
+    values = {}
+    for name in HEAD_VARIABLES:
         variable = getattr(layer, name, None)
-        if variable is None:
-            continue
-        value = ops.convert_to_numpy(variable)
-        if name in _QUERY_HEAD_AXIS:
-            value = np.take(value, kept_heads, axis=_QUERY_HEAD_AXIS[name])
-        elif name in _KV_HEAD_AXIS:
-            value = np.take(value, kept_kv_heads, axis=_KV_HEAD_AXIS[name])
-        old_values[name] = value
+        if variable is not None:
+            values[name] = ops.convert_to_numpy(variable)
+    return values
+
+
+def replace_head_variables(layer, values, *, num_heads, num_key_value_heads):
+    """Re-create `layer`'s head variables for new head counts and assign `values`.
+
+    The variables are created again by `build()` (same order, names, initializers
+    and constraints) at the shapes of the new counts, so the layer saves to `.keras`
+    and loads back into a layer built from its new config. Compiled functions that
+    captured the old variables must be dropped by the caller.
+
+    Args:
+        layer: a built `GroupedQueryAttention`.
+        values: `{name: array}` for every name of `head_variable_values(layer)`, at the
+            new shapes.
+        num_heads, num_key_value_heads: the layer's new head counts.
+
+    Example:
+        >>> values = head_variable_values(layer)  # doctest: +SKIP
+        >>> values["key_kernel"] = values["key_kernel"][:, :1]  # doctest: +SKIP
+        >>> ...  # the same for the other KV-head variables
+        >>> replace_head_variables(layer, values, num_heads=4, num_key_value_heads=1)
+        ... # doctest: +SKIP
+    """
+    for name in values:
+        variable = getattr(layer, name)
         layer._untrack_variable(variable)
         # Not `delattr`: Keras's `Layer.__delattr__` runs a full `gc.collect()` per
         # variable, about a second each in a large process (12 per layer); the old
         # buffers are freed by reference counting as soon as they are dropped.
         object.__delattr__(layer, name)
 
-    layer.num_heads = len(kept_heads)
-    layer.num_key_value_heads = len(kept_kv_heads)
+    layer.num_heads = num_heads
+    layer.num_key_value_heads = num_key_value_heads
     layer.built = False
     layer._tracker.unlock()
     try:
@@ -142,6 +195,5 @@ def prune_layer_heads(layer, heads_to_remove):
         )
     finally:
         layer._tracker.lock()
-    for name, value in old_values.items():
+    for name, value in values.items():
         getattr(layer, name).assign(value)
-    return kept_heads

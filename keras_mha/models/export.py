@@ -257,6 +257,34 @@ def check_uniform(model) -> tuple[int, int, int]:
     )
 
 
+def grouped_query_refusal(model) -> str | None:
+    """Why `model`'s Hub config cannot state its KV heads, or None when it can.
+
+    A config states grouped-query attention only if its family reads
+    `num_key_value_heads` (`keras_mha.families`: Llama, Mistral, Qwen, Gemma, Phi-3,
+    ...); BERT, RoBERTa, GPT-2 and GPT-NeoX derive one KV head per query head. Models whose
+    layers keep as many KV heads as query heads need no such key.
+
+    Example:
+        >>> grouped_query_refusal(converted_minilm)  # doctest: +SKIP
+        "model_type='bert': transformers' config for it has no num_key_value_heads ..."
+    """
+    counts = set(head_counts(model).values())
+    if all(heads == kv_heads for heads, kv_heads, _ in counts):
+        return None
+    family = family_for(model.family)
+    if family is not None and "num_key_value_heads" in family.keys:
+        return None
+    heads, kv_heads, _ = sorted(counts)[0]
+    name = str(source_config(model).get("model_type", model.family))
+    return (
+        f"model_type={name!r}: transformers' config for it has no num_key_value_heads (every "
+        f"query head has its own key/value head), so {heads} query heads sharing {kv_heads} "
+        f"KV head{'s' if kv_heads > 1 else ''} cannot be written as a Hub checkpoint; keep the "
+        "converted model as .keras (model.save(...))"
+    )
+
+
 # -- tensors ----------------------------------------------------------------------------------
 
 
@@ -503,8 +531,9 @@ def save_pretrained(
         An `ExportSummary`.
 
     Raises:
-        ExportError: layers with different head counts, or a family keras-mha cannot
-            state pruned heads for.
+        ExportError: layers with different head counts, a family keras-mha cannot
+            state pruned heads for, or fewer KV heads than query heads in a family whose
+            config cannot say so (`grouped_query_refusal`: BERT).
         PathError: `out_dir` is not a path, not writable, not empty (without
             `overwrite`), or is, contains or lies inside the source folder.
         CheckpointError: a tokenizer file of the source is a link leading out of it.
@@ -524,6 +553,9 @@ def save_pretrained(
         source_files(source)  # a file leading out of the source is refused before any work
     config = source_config(model)
     heads, kv_heads, head_dim = check_uniform(model)
+    refusal = grouped_query_refusal(model)
+    if refusal is not None:
+        raise ExportError(refusal, key="num_key_value_heads", value=kv_heads)
     family = family_for(model.family)
     model_type_name = str(config.get("model_type", model.family))
     layout = None if family is None else family.head_size_in_config
@@ -593,6 +625,30 @@ def save_pretrained(
         parameters=int(sum(int(np.prod(t.shape)) for t in tensors.values())),
         dtype=SAFETENSORS_TO_TORCH_DTYPE[stored_dtype],
     )
+
+
+def save_keras(model, out_dir, *, overwrite=False, argument="--out") -> dict:
+    """Write `model` as `out_dir/model.keras` (for models no Hub config can describe), with
+    the same folder rules as `save_pretrained`: staged beside `out_dir`, moved into place
+    when complete, never into the folder the model was loaded from.
+
+    Returns:
+        `{"format": "keras", "path", "files", "bytes"}` for a report.
+
+    Example:
+        >>> save_keras(model, "pruned-uneven")["files"]  # doctest: +SKIP
+        ['model.keras']
+    """
+    source = source_directory(model)
+    with output_folder(out_dir, overwrite=overwrite, source=source, argument=argument) as staging:
+        model.save(staging / "model.keras")
+    out = Path(out_dir)
+    return {
+        "format": "keras",
+        "path": str(out),
+        "files": ["model.keras"],
+        "bytes": (out / "model.keras").stat().st_size,
+    }
 
 
 def _tokenizer_source(model, tokenizer_from) -> Path | None:

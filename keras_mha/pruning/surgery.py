@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import keras
@@ -98,15 +99,33 @@ def prune_heads(model, heads=None, recompile=True):
             raise PruningError(f"Cannot prune layer {path!r}: {error}", key=path) from None
         removal[path] = sorted(set(range(layer.num_heads)) - set(kept))
 
+    with variables_replaced(model, recompile=recompile):
+        for path, layer in layers.items():
+            if removal[path]:
+                layer.prune_heads(removal[path])
+    return removal
+
+
+@contextlib.contextmanager
+def variables_replaced(model, *, recompile=True):
+    """Around code that re-creates attention variables: drop `model`'s traced functions after.
+
+    The traced train/test/predict functions captured the old variables. A compiled
+    model is compiled again (when `recompile`) with the same loss and metrics and a
+    fresh optimizer of the same configuration: its slot variables had the old shapes.
+
+    Example:
+        >>> with variables_replaced(model):  # doctest: +SKIP
+        ...     layer.prune_heads([0])
+    """
     compile_config = None
     if recompile and getattr(model, "compiled", False) and hasattr(model, "_compile_config"):
         compile_config = dict(model._compile_config.config)
-    for path, layer in layers.items():
-        if removal[path]:
-            layer.prune_heads(removal[path])
-    # Traced train/test/predict functions captured the old variables.
-    model.train_function = model.test_function = model.predict_function = None
-    if compile_config is not None:
-        compile_config["optimizer"] = _fresh_optimizer(compile_config["optimizer"])
-        model.compile(**compile_config)
-    return removal
+    try:
+        yield
+    finally:
+        if isinstance(model, keras.Model):
+            model.train_function = model.test_function = model.predict_function = None
+        if compile_config is not None:
+            compile_config["optimizer"] = _fresh_optimizer(compile_config["optimizer"])
+            model.compile(**compile_config)

@@ -72,30 +72,21 @@ def _wordpiece_tokenizer(text):
     return tokenizer
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prune_cli")
-    text_file = root / "text.txt"
-    text_file.write_text(TEXT)
-    torch.manual_seed(0)
+def write_tiny_checkpoints(root, text, decoder_config):
+    """A tiny decoder and a tiny BERT encoder written by transformers into `root`, each with
+    a tokenizer trained on `text` (also written, as `text.txt`).
 
-    decoder_tokenizer = _bpe_tokenizer(TEXT)
-    config = transformers.Qwen2Config(
-        vocab_size=decoder_tokenizer.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=8,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    decoder = transformers.Qwen2ForCausalLM(config).eval()
-    decoder.save_pretrained(root / "decoder")
+    `decoder_config(vocab_size)` gives the decoder's transformers config.
+    """
+    text_file = root / "text.txt"
+    text_file.write_text(text)
+    torch.manual_seed(0)
+    decoder_tokenizer = _bpe_tokenizer(text)
+    config = decoder_config(decoder_tokenizer.get_vocab_size())
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(root / "decoder")
     decoder_tokenizer.save(str(root / "decoder" / "tokenizer.json"))
 
-    encoder_tokenizer = _wordpiece_tokenizer(TEXT)
+    encoder_tokenizer = _wordpiece_tokenizer(text)
     config = transformers.BertConfig(
         vocab_size=encoder_tokenizer.get_vocab_size(),
         hidden_size=32,
@@ -112,6 +103,24 @@ def sources(tmp_path_factory):
         "text": text_file,
         "root": root,
     }
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    def qwen2(vocab_size):
+        return transformers.Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=8,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        )
+
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("prune_cli"), TEXT, qwen2)
 
 
 def _prune_json(capsys, *arguments):

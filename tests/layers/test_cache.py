@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from keras_mha.layers import (
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiQueryAttention,
+    decode_functions,
+)
 from tests.layers.test_reference import random_inputs, randomise
 from tests.reference import attention_numpy
 
@@ -506,3 +511,30 @@ def test_compiled_variable_step_never_copies_the_cache():
     assert kinds == {"fusion"}, producers
     scatters = [line for line in entry.splitlines() if "scatter" in line and "fusion(" in line]
     assert len(scatters) == 2 and producers.count("fusion") == 2, producers
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the donated cache of a jax.jit step")
+def test_jax_decode_step_updates_the_donated_cache_without_copying_it():
+    """In XLA's optimised HLO (CPU) of the decode function's step, each cache buffer is a
+    donated parameter aliased to an output, updated in place and read as it lies: no
+    instruction copies it (grouped queries over a cache that `prefers_two_fusions`)."""
+    import re
+
+    x = random_inputs(1, 3, 16)
+    layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
+    layer(x)
+    cache = layer.init_cache(1, 2048)
+    step = decode_functions.compile_decode_step(
+        layer, lambda x, mask, cache, index: layer(x, cache=cache, cache_index=index)
+    )
+    hlo = step.lower(x[:, :1], None, cache, 3).compile().as_text()
+    assert "input_output_alias" in hlo.splitlines()[0]
+    entry = hlo[hlo.index("\nENTRY") :]
+    # Instructions making a buffer the size of the cache, (1, 2, 2048, 16) or a view of it.
+    instruction = re.compile(r"^\s*(?:ROOT )?%\S+ = f32\[([\d,]+)\]\{[\d,]*\} ([\w-]+)\(")
+    producers = [
+        match.group(2)
+        for match in map(instruction.match, entry.splitlines())
+        if match and np.prod([int(d) for d in match.group(1).split(",")]) == 2 * 2048 * 16
+    ]
+    assert sorted(producers) == ["fusion", "fusion", "parameter", "parameter"], producers

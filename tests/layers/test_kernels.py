@@ -116,3 +116,28 @@ def test_single_query_attention_over_the_old_cache_equals_attention_over_the_wri
         np.testing.assert_allclose(
             ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5
         )
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(8, 2), (4, 4)])
+def test_two_fusion_attention_equals_grouped_attention_over_the_cache(num_heads, num_kv_heads):
+    """JAX's decode kernel (plain keras.ops, so checked on every backend): masks over the
+    cache with a row left empty, one with a single key, per-head masks, and none."""
+    rng = np.random.RandomState(6)
+    batch, length, head_dim, position = 3, 9, 8, 5
+    query = tensor(batch, 1, num_heads, head_dim)
+    key, value = (tensor(batch, num_kv_heads, length, head_dim, seed=s) for s in (3, 4))
+    mask = rng.rand(batch, num_heads, 1, length) > 0.3
+    mask[..., position + 1 :] = False  # unwritten positions
+    mask[0] = False  # nothing to attend: zeros
+    mask[1, :, :, :] = False
+    mask[1, :, :, position] = True  # only the newest token
+    shared = np.arange(length)[None, None, None, :] <= position  # (1, 1, 1, S), as the layer's
+    for step_mask in (mask, shared, None):  # None: every position counts
+        step_mask = None if step_mask is None else ops.convert_to_tensor(step_mask)
+        expected = attention_kernels.grouped_attention(
+            query, key, value, step_mask, scale=0.3, key_heads_first=True
+        )
+        got = decode_attention.two_fusion_attention(query, key, value, step_mask, scale=0.3)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5
+        )

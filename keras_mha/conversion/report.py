@@ -1,0 +1,236 @@
+"""The figures of `keras-mha convert` and their rendering (table, JSON, markdown).
+
+Keys of `--format json` (all sizes in bytes, times in seconds):
+
+- `kv_heads`: `{"before", "after"}` per layer; `num_attention_heads`, `num_layers`.
+- `kv_cache`: from the cost model (`keras_mha.cards.costs.kv_cache_cost`) for the
+  config before and after: `{"dtype", "context_length", "applicable", "note",
+  "before": {"bytes_per_token", "bytes_at_context"}, "after": {...}}` (encoders keep
+  no cache: `applicable` false, zeros).
+- `parameters`: `{"before", "after"}`, `count_params()` of the Keras model.
+- `quality`: `{"metric": "perplexity" | "embedding_cosine", "original", "converted",
+  "uptrained"}` on the held-out text (null without `--data`; `uptrained` null without
+  `--steps`). Embedding cosine is the mean over held-out sentences of the cosine to
+  the original model's embedding (1.0 for the original itself).
+- `uptraining`: null, or `{"steps", "batch_size", "learning_rate", "objective",
+  "loss_first", "loss_last", "teacher_bytes"}`.
+- `data`: null, or `{"file", "tokens", "train_examples", "held_out_examples",
+  "sequence_length"}`.
+- `seconds`: `{"load", "measure", "convert", "uptrain", "export", "total"}`.
+- `export`: what was written (`format` "hub" or "keras"; for "keras", `reason`).
+
+Example:
+    >>> print(render_table(report))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from keras_mha.cards.rendering.formatting import format_bytes
+from keras_mha.cards.rendering.report import markdown_text, terminal_text
+
+QUALITY_LABELS = {
+    "perplexity": "perplexity (held out)",
+    "embedding_cosine": "embedding cosine to original (held out)",
+}
+OBJECTIVE_LABELS = {
+    "next_token": "next-token loss",
+    "distill_kl": "KL divergence from the original's next-token distribution",
+    "distill_cosine": "cosine to the original's sentence embeddings",
+}
+
+
+def config_with_kv_heads(config, num_key_value_heads):
+    """A copy of a Hub config stating `num_key_value_heads` (in `text_config` when nested).
+
+    Example:
+        >>> config_with_kv_heads({"num_attention_heads": 8}, 2)
+        {'num_attention_heads': 8, 'num_key_value_heads': 2}
+    """
+    import json
+
+    config = json.loads(json.dumps(config))
+    target = config
+    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
+        target = config["text_config"]
+    target["num_key_value_heads"] = int(num_key_value_heads)
+    return config
+
+
+def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
+    """The cost model's KV cache for `config` before and after the conversion.
+
+    Returns the report's `kv_cache` entry: bytes per token and at the model's context
+    length (its config's, else `keras_mha.cards.rendering.report.default_seq_len`), batch 1.
+
+    Example:
+        >>> kv_cache_figures(llama_config, 8, kv_dtype="bfloat16")["after"]  # doctest: +SKIP
+        {'bytes_per_token': 131072, 'bytes_at_context': 1073741824}
+    """
+    from keras_mha.cards.costs import kv_cache_cost
+    from keras_mha.cards.rendering.report import context_length, default_seq_len
+    from keras_mha.cards.spec import from_config
+
+    entry = {"dtype": kv_dtype}
+    for when, figures in (
+        ("before", config),
+        ("after", config_with_kv_heads(config, num_key_value_heads)),
+    ):
+        spec = from_config(figures)
+        context = context_length(spec) or default_seq_len(spec)
+        cost = kv_cache_cost(spec, seq_len=context, kv_dtype=kv_dtype)
+        entry.update(context_length=context, applicable=cost.applicable, note=cost.note)
+        entry[when] = {
+            "bytes_per_token": cost.bytes_per_token,
+            "bytes_at_context": cost.total_bytes,
+        }
+    return entry
+
+
+def _seconds(value):
+    return "—" if value is None else f"{value:,.1f} s"
+
+
+def _rows(report):
+    """`(label, original, converted, uptrained)` text rows."""
+    from keras_mha.commands.prune_report import format_number
+
+    uptrained = report["uptraining"] is not None
+    kv, cache, quality = report["kv_heads"], report["kv_cache"], report["quality"]
+    rows = [
+        (
+            "KV heads per layer",
+            format_number(kv["before"]),
+            format_number(kv["after"]),
+            format_number(kv["after"]),
+        )
+    ]
+    if cache["applicable"]:
+        for label, key in (
+            (f"KV cache / token ({cache['dtype']})", "bytes_per_token"),
+            (f"KV cache at {cache['context_length']:,} tokens", "bytes_at_context"),
+        ):
+            after = format_bytes(cache["after"][key])
+            rows.append((label, format_bytes(cache["before"][key]), after, after))
+    parameters = report["parameters"]
+    rows.append(
+        (
+            "parameters (Keras model)",
+            format_number(parameters["before"]),
+            format_number(parameters["after"]),
+            format_number(parameters["after"]),
+        )
+    )
+    if quality is not None:
+        digits = 3 if quality["metric"] == "perplexity" else 4
+        rows.append(
+            (
+                QUALITY_LABELS[quality["metric"]],
+                format_number(quality["original"], digits),
+                format_number(quality["converted"], digits),
+                format_number(quality["uptrained"], digits),
+            )
+        )
+    seconds = report["seconds"]
+    rows.append(("time", "—", _seconds(seconds["convert"]), _seconds(seconds["uptrain"])))
+    if not uptrained:
+        rows = [row[:3] for row in rows]
+    return rows
+
+
+def _header(report):
+    return ("", "original", "converted", "uptrained")[: 4 if report["uptraining"] else 3]
+
+
+def _summary_lines(report, text):
+    kv = report["kv_heads"]
+    lines = [
+        f"{text(report['source'])}: {kv['before']} -> {kv['after']} KV heads per layer "
+        f"({report['num_layers']} layers of {report['num_attention_heads']} query heads; method "
+        f"{report['method']}; {report['backend']} backend, {report['dtype']})"
+    ]
+    data = report["data"]
+    if data:
+        unit = "windows" if report["architecture"] == "decoder" else "sentences"
+        lines.append(
+            f"data: {text(data['file'])}: {data['tokens']:,} tokens, {data['train_examples']} "
+            f"{unit} to uptrain on, {data['held_out_examples']} held out"
+        )
+    uptraining = report["uptraining"]
+    if uptraining:
+        teacher = (
+            f"; the frozen original held {format_bytes(uptraining['teacher_bytes'])} more"
+            if uptraining["teacher_bytes"]
+            else ""
+        )
+        lines.append(
+            f"uptraining: {uptraining['steps']} steps of {uptraining['batch_size']}, "
+            f"{OBJECTIVE_LABELS[uptraining['objective']]}, AdamW peak learning rate "
+            f"{uptraining['learning_rate']:g}; loss {uptraining['loss_first']:.4g} -> "
+            f"{uptraining['loss_last']:.4g}{teacher}"
+        )
+    if not report["kv_cache"]["applicable"]:
+        lines.append(f"KV cache: {text(report['kv_cache']['note'])}")
+    return lines
+
+
+def _time_line(report):
+    seconds = report["seconds"]
+    return (
+        f"total time {seconds['total']:,.1f} s (loading {seconds['load']:,.1f} s, measuring "
+        f"{seconds['measure']:,.1f} s, writing {seconds['export']:,.1f} s)"
+    )
+
+
+def _export_line(report, text):
+    export = report["export"]
+    if export["format"] == "keras":
+        return f"wrote {text(export['path'])}/model.keras ({text(export['reason'])})"
+    return (
+        f"wrote {text(export['path'])}: {', '.join(text(name) for name in export['files'])} "
+        f"(num_attention_heads={export['num_attention_heads']}, "
+        f"num_key_value_heads={export['num_key_value_heads']})"
+    )
+
+
+def render_table(report) -> str:
+    """The report as aligned text (what `--format table` prints).
+
+    Example:
+        >>> print(render_table(report))  # doctest: +SKIP
+    """
+    rows = _rows(report)
+    header = _header(report)
+    widths = [max(len(row[i]) for row in (*rows, header)) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(
+            cell.ljust(width) if index == 0 else cell.rjust(width)
+            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    lines = _summary_lines(report, terminal_text)
+    lines += ["", line(header), *(line(row) for row in rows), ""]
+    lines.append(_time_line(report))
+    lines.append(_export_line(report, terminal_text))
+    return "\n".join(lines)
+
+
+def render_markdown(report) -> str:
+    """The report as a markdown paragraph and table (what `--format markdown` prints).
+
+    Example:
+        >>> print(render_markdown(report))  # doctest: +SKIP
+    """
+    header = _header(report)
+    lines = [f"{line}  " for line in _summary_lines(report, markdown_text)]
+    lines += [
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in _rows(report)]
+    lines += [
+        "",
+        f"{_time_line(report)}. {_export_line(report, markdown_text)}.",
+    ]
+    return "\n".join(lines)
