@@ -49,6 +49,7 @@ import sys
 import time
 
 from benchmarks import worker_environment
+from benchmarks.reporting import quartiles, table, turn_order
 from keras_mha.errors import KerasMHAError, MissingDependencyError, UsageError
 
 CASES = ("mha", "gqa", "decode")
@@ -448,22 +449,6 @@ def time_group(entries: list[dict], config: Config) -> dict:
     return {"rows": rows, "environment": environment}
 
 
-def turn_order(count: int, round_number: int) -> list[int]:
-    """The order of the entries' calls in one round: each round starts one entry later.
-
-    Every entry takes every place equally often and none runs twice in a row. (In
-    A B C, C B A turns the first and the last entry ran back to back, their weights
-    and caches still warm: placed first, the same decode step came out 3% slower than
-    the reference, placed second 27% slower.)
-
-    Example:
-        >>> [turn_order(3, r) for r in range(4)]
-        [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
-    """
-    shift = round_number % count
-    return [*range(shift, count), *range(shift)]
-
-
 def _rss_bytes(field: str) -> int | None:
     try:
         with open("/proc/self/status") as status:
@@ -580,14 +565,6 @@ def _to_dict(config: Config) -> dict:
 
 
 # ------------------------------------------------------------------- summarising
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    if len(values) < 4:
-        middle = statistics.median(values)
-        return min(values), middle, max(values)
-    low, middle, high = statistics.quantiles(values, n=4, method="inclusive")
-    return low, statistics.median(values), high
-
-
 def paired_ratio(numerator: dict, denominator: dict) -> float:
     """Median over the rounds where both ran of numerator time / denominator time.
 
@@ -623,7 +600,7 @@ def summarise(rows: list[dict], roofline: dict) -> None:
     for row in rows:
         mode = _paired_mode(row["mode"])
         group = groups[row["case"], mode]
-        low, median, high = _quartiles(row["times_ms"])
+        low, median, high = quartiles(row["times_ms"])
         row.update(median_ms=median, quartiles_ms=[low, high])
         baseline = group.get((BASELINE.get(row["implementation"], OURS), mode))
         reference = group.get((REFERENCE_OF.get(row["implementation"], REFERENCE), mode))
@@ -731,17 +708,6 @@ def _cells(row: dict, decode: bool) -> list[str]:
     ]
 
 
-def _table(header: list[str], body: list[list[str]], markdown: bool) -> list[str]:
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return lines + ["| " + " | ".join(cells) + " |" for cells in body]
-    widths = [max(len(c) for c in column) for column in zip(header, *body, strict=True)]
-    lines = []
-    for cells in [header, ["-" * w for w in widths], *body]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-    return lines
-
-
 def render(results: dict, markdown: bool = False) -> str:
     """The results as a plain-text (or Markdown) report.
 
@@ -776,11 +742,11 @@ def render(results: dict, markdown: bool = False) -> str:
     rows = results["rows"]
     body = [_cells(r, decode=False) for r in rows if r["case"] != "decode"]
     if body:
-        lines += _table(["case", "mode", "implementation", *columns], body, markdown) + [""]
+        lines += table(["case", "mode", "implementation", *columns], body, markdown) + [""]
     body = [_cells(r, decode=True) for r in rows if r["case"] == "decode"]
     if body:
         header = [f"decode, context {s['decode_context']}", *columns]
-        lines += _table(header, body, markdown)
+        lines += table(header, body, markdown)
         lines += [
             "",
             "decode % of roofline: steps = K/V bytes read per second / copy bandwidth (bw); "

@@ -7,12 +7,18 @@ timed with `generate`; transformers' own `generate` on torch runs the same check
 
 - prefill tokens/s: `batch * prompt_length` / time of `generate(..., max_new_tokens=1)`;
 - decode tokens/s: `batch * (new_tokens - 1)` / (time of `generate(..., new_tokens)` minus
-  that prefill time).
+  the prefill time of the same round).
 
-Each figure is the median of `--repeats` runs after one warm-up run (which compiles).
+After one warm-up call of each (which compiles), `--rounds` rounds time both sides in
+turn, the side that goes first alternating; each round gives a ratio keras-mha /
+transformers of tokens/s (above 1: keras-mha is faster), reported as the median and the
+quartiles over the rounds. Load elsewhere on the machine slows both sides of a round
+alike, so the ratios hold on a busy machine while the tokens/s do not. `--backends`
+runs the bench once per Keras backend, each in a fresh process, into one table.
 
 Example:
     KERAS_BACKEND=jax python -m benchmarks model --scale 8
+    python -m benchmarks model --backends tensorflow,jax,torch --format markdown
     KERAS_BACKEND=jax python -m benchmarks model --full-size   # GPU: bfloat16, real size
 """
 
@@ -21,19 +27,26 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import warnings
 
+from benchmarks.reporting import quartiles, table, turn_order
+
 DEFAULT_CARD = "meta-llama/Llama-3.2-1B"
+
+
+BACKENDS = ("tensorflow", "jax", "torch")
+OURS, THEIRS = "keras_mha", "transformers"
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="keras-mha bench model",
         description="Prefill and decode tokens/s of a decoder on the current Keras backend, "
-        "beside transformers on torch.",
+        "beside transformers on torch, with paired ratios.",
     )
     parser.add_argument("--card", default=DEFAULT_CARD, help="bundled card giving the shape")
     parser.add_argument(
@@ -50,15 +63,39 @@ def parse_args(argv):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-length", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--rounds",
+        "--repeats",
+        dest="rounds",
+        type=int,
+        default=10,
+        help="timed rounds, each running both sides in turn (default 10)",
+    )
+    parser.add_argument(
+        "--backends",
+        help="comma-separated Keras backends, each run in a fresh process, into one table "
+        "(default: the current KERAS_BACKEND only)",
+    )
     parser.add_argument("--no-transformers", action="store_true", help="skip the torch reference")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    parser.add_argument("--json", action="store_true", help="the same as --format json")
     arguments = parser.parse_args(argv)
-    for name in ("scale", "batch", "prompt_length", "new_tokens", "repeats"):
+    for name in ("scale", "batch", "prompt_length", "new_tokens", "rounds"):
         if getattr(arguments, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if arguments.new_tokens < 2:
         parser.error("--new-tokens must be at least 2 (one prefill token and one decode step)")
+    if arguments.json:
+        arguments.format = "json"
+    if arguments.backends is not None:
+        names = [name.strip() for name in arguments.backends.split(",") if name.strip()]
+        unknown = [name for name in names if name not in BACKENDS]
+        if unknown or not names:
+            parser.error(
+                f"--backends {arguments.backends!r}: expected a comma-separated subset of "
+                f"{','.join(BACKENDS)}"
+            )
+        arguments.backends = names
     return arguments
 
 
@@ -131,26 +168,145 @@ def median_seconds(function, repeats):
     return statistics.median(times)
 
 
-def _rates(prefill_seconds, total_seconds, arguments):
-    tokens = arguments.batch * arguments.prompt_length
-    decoded = arguments.batch * (arguments.new_tokens - 1)
+def time_rounds(contenders: dict, rounds: int, clock=time.perf_counter) -> dict:
+    """Time each contender's `(prefill, full)` calls over `rounds` rounds, taking turns.
+
+    Each contender's calls run once untimed first (they compile). In a round every
+    prefill runs, then every full generation, in `turn_order` (the side that goes first
+    alternates). Returns `{name: {"prefill_seconds": [...], "total_seconds": [...]}}`, one
+    entry per round.
+
+    Example:
+        >>> ticks = iter(range(100))
+        >>> times = time_rounds({"a": (print, print)}, 2, clock=lambda: next(ticks))
+        <BLANKLINE>
+        <BLANKLINE>
+        <BLANKLINE>
+        <BLANKLINE>
+        <BLANKLINE>
+        <BLANKLINE>
+        >>> times["a"]["total_seconds"]
+        [1, 1]
+    """
+    for prefill, full in contenders.values():
+        prefill()
+        full()
+    names = list(contenders)
+    times = {name: {"prefill_seconds": [], "total_seconds": []} for name in names}
+    for round_number in range(rounds):
+        order = [names[index] for index in turn_order(len(names), round_number)]
+        for key, call in (("prefill_seconds", 0), ("total_seconds", 1)):
+            for name in order:
+                start = clock()
+                contenders[name][call]()
+                times[name][key].append(clock() - start)
+    return times
+
+
+def round_rates(times: dict, batch: int, prompt_length: int, new_tokens: int) -> dict:
+    """Per-round prefill and decode tokens/s from `time_rounds`' times of one contender,
+    and their medians.
+
+    Example:
+        >>> rates = round_rates({"prefill_seconds": [0.5], "total_seconds": [1.5]}, 1, 64, 11)
+        >>> rates["prefill_tokens_per_second"], rates["decode_tokens_per_second"]
+        (128.0, 10.0)
+    """
+    prefill = [batch * prompt_length / seconds for seconds in times["prefill_seconds"]]
+    # A round whose full run came out faster than its prefill (noise) counts as very fast:
+    # the median, not the mean, summarises the rounds.
+    decode = [
+        batch * (new_tokens - 1) / max(total - first, 1e-9)
+        for first, total in zip(times["prefill_seconds"], times["total_seconds"], strict=True)
+    ]
     return {
-        "prefill_seconds": prefill_seconds,
-        "total_seconds": total_seconds,
-        "prefill_tokens_per_second": tokens / prefill_seconds,
-        "decode_tokens_per_second": decoded / max(total_seconds - prefill_seconds, 1e-9),
+        "prefill_tokens_per_second": statistics.median(prefill),
+        "decode_tokens_per_second": statistics.median(decode),
+        "rounds": {
+            **times,
+            "prefill_tokens_per_second": prefill,
+            "decode_tokens_per_second": decode,
+        },
     }
+
+
+def paired_ratios(ours: dict, theirs: dict) -> dict:
+    """keras-mha / transformers tokens/s, round by round: median, quartiles, min and max
+    for prefill and decode (above 1: keras-mha is faster).
+
+    Example:
+        >>> ours = {"rounds": {"prefill_tokens_per_second": [2, 3, 8],
+        ...                    "decode_tokens_per_second": [1, 1, 1]}}
+        >>> theirs = {"rounds": {"prefill_tokens_per_second": [1, 1, 4],
+        ...                      "decode_tokens_per_second": [2, 2, 2]}}
+        >>> paired_ratios(ours, theirs)["prefill"]["median"]
+        2.0
+    """
+    paired = {}
+    for phase in ("prefill", "decode"):
+        key = f"{phase}_tokens_per_second"
+        ratios = [
+            mine / other
+            for mine, other in zip(ours["rounds"][key], theirs["rounds"][key], strict=True)
+        ]
+        low, median, high = quartiles(ratios)
+        paired[phase] = {
+            "median": median,
+            "quartiles": [low, high],
+            "min": min(ratios),
+            "max": max(ratios),
+            "ratios": ratios,
+        }
+    return paired
 
 
 def run_model_benchmark(argv=None) -> int:
     """Entry point of `keras-mha bench model`; returns the exit code."""
     arguments = parse_args(argv)
-    results = model_results(arguments)
-    if arguments.json:
-        print(json.dumps(results, indent=2))
+    if arguments.backends:
+        reports = [backend_results(backend, arguments) for backend in arguments.backends]
+    else:
+        reports = [model_results(arguments)]
+    if arguments.format == "json":
+        print(json.dumps(reports if arguments.backends else reports[0], indent=2))
         return 0
-    print_results(results, arguments)
+    print(render(reports, arguments, markdown=arguments.format == "markdown"))
     return 0
+
+
+def worker_argv(arguments) -> list[str]:
+    """The flags of one backend's fresh process: the same shape, JSON out.
+
+    Example:
+        >>> worker_argv(parse_args(["--backends", "jax", "--rounds", "3"]))[-4:]
+        ['--new-tokens', '32', '--rounds', '3']
+    """
+    argv = ["--format", "json", "--card", arguments.card, "--scale", str(arguments.scale)]
+    argv += ["--full-size"] * arguments.full_size + [
+        "--no-transformers"
+    ] * arguments.no_transformers
+    for flag in ("batch", "prompt_length", "new_tokens", "rounds"):
+        argv += [f"--{flag.replace('_', '-')}", str(getattr(arguments, flag))]
+    return argv
+
+
+def backend_results(backend: str, arguments) -> dict:
+    """`model_results` on `backend`, in a fresh process (a Keras backend is fixed at import)."""
+    from benchmarks import worker_environment
+    from keras_mha.errors import KerasMHAError
+
+    sys.stderr.write(f"  bench model: {backend}...\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "model", *worker_argv(arguments)],
+        env={**worker_environment(), "KERAS_BACKEND": backend},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines() or ["(no output)"]
+        raise KerasMHAError(f"bench model on {backend} failed: {lines[-1]}")
+    return json.loads(completed.stdout)
 
 
 def model_results(arguments) -> dict:
@@ -203,73 +359,117 @@ def model_results(arguments) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
         model = from_pretrained(folder, dtype=dtype)
-
-    def ours(new):
-        return lambda: generate(model, ids, new)
-
-    results["keras_mha"] = {
-        "backend": keras.backend.backend(),
-        **_rates(
-            median_seconds(ours(1), arguments.repeats),
-            median_seconds(ours(arguments.new_tokens), arguments.repeats),
-            arguments,
-        ),
-        "generation": generation_stats(model),
-    }
+    new = arguments.new_tokens
+    contenders = {OURS: (lambda: generate(model, ids, 1), lambda: generate(model, ids, new))}
     if not arguments.no_transformers:
         torch_ids = torch.from_numpy(ids.astype("int64"))
 
-        def theirs(new):
+        def theirs(count):
             def run():
                 with torch.no_grad():
                     reference.generate(
                         torch_ids,
-                        max_new_tokens=new,
-                        min_new_tokens=new,
+                        max_new_tokens=count,
+                        min_new_tokens=count,
                         do_sample=False,
                         pad_token_id=0,
                     )
 
             return run
 
-        results["transformers"] = {
+        contenders[THEIRS] = (theirs(1), theirs(new))
+    times = time_rounds(contenders, arguments.rounds)
+    shape = (arguments.batch, arguments.prompt_length, new)
+    results[OURS] = {
+        "backend": keras.backend.backend(),
+        **round_rates(times[OURS], *shape),
+        "generation": generation_stats(model),
+    }
+    if not arguments.no_transformers:
+        results[THEIRS] = {
             "backend": f"torch {torch.__version__}",
-            **_rates(
-                median_seconds(theirs(1), arguments.repeats),
-                median_seconds(theirs(arguments.new_tokens), arguments.repeats),
-                arguments,
-            ),
+            **round_rates(times[THEIRS], *shape),
         }
+        results["paired"] = paired_ratios(results[OURS], results[THEIRS])
+    results["rounds"] = arguments.rounds
+    results["machine"] = machine()
     results["config"] = config
     return results
 
 
-def print_results(results: dict, arguments) -> None:
-    """The table `keras-mha bench model` prints."""
-    dtype = results["dtype"]
-    shape = results["shape"]
-    print(
-        f"{arguments.card} {'(full size)' if arguments.full_size else f'/ {arguments.scale}'}: "
-        f"hidden {shape['hidden_size']}, {shape['num_attention_heads']} heads "
-        f"({shape['num_key_value_heads']} KV), {shape['num_hidden_layers']} layers, vocab "
-        f"{shape['vocab_size']}, {results['parameters'] / 1e6:.1f}M parameters, {dtype}; "
-        f"batch {arguments.batch}, prompt {arguments.prompt_length}, "
-        f"{arguments.new_tokens} new tokens"
-    )
-    print(f"{'implementation':<34} {'prefill tok/s':>14} {'decode tok/s':>13}")
-    for name in ("keras_mha", "transformers"):
-        if name in results:
-            row = results[name]
-            label = f"{'keras-mha' if name == 'keras_mha' else 'transformers'} ({row['backend']})"
-            print(
-                f"{label:<34} {row['prefill_tokens_per_second']:>14.0f} "
-                f"{row['decode_tokens_per_second']:>13.1f}"
-            )
-    stats = results["keras_mha"]["generation"]
-    print(
-        f"decode step: {'compiled' if stats.get('compiled') else 'eager'}, traced "
-        f"{stats.get('step_traces')} time(s) over {stats.get('step_calls')} calls"
-    )
+def machine() -> dict:
+    """Where the bench ran: the date (UTC), the processor and its logical CPUs."""
+    import datetime
+    import os
+    import platform
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def _ratio_cell(paired: dict | None) -> str:
+    if paired is None:
+        return "-"
+    low, high = paired["quartiles"]
+    return f"{paired['median']:.2f}x ({low:.2f}-{high:.2f})"
+
+
+def _rate_cell(row: dict | None, phase: str) -> str:
+    if row is None:
+        return "-"
+    low, _, high = quartiles(row["rounds"][f"{phase}_tokens_per_second"])
+    digits = 0 if phase == "prefill" else 1
+    return f"{row[f'{phase}_tokens_per_second']:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def render(reports: list[dict], arguments, markdown: bool = False) -> str:
+    """One row per backend: keras-mha's and transformers' tokens/s and the paired ratio,
+    each as the median over the rounds with the quartiles in parentheses."""
+    first = reports[0]
+    shape = first["shape"]
+    size = "(full size)" if arguments.full_size else f"/ {arguments.scale}"
+    lines = [
+        f"{arguments.card} {size}: hidden {shape['hidden_size']}, "
+        f"{shape['num_attention_heads']} heads ({shape['num_key_value_heads']} KV), "
+        f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
+        f"{first['parameters'] / 1e6:.1f}M parameters, {first['dtype']}; batch "
+        f"{arguments.batch}, prompt {arguments.prompt_length}, {arguments.new_tokens} new "
+        f"tokens; {first['machine']['processor']}, {first['machine']['cpus']} CPUs, "
+        f"{first['machine']['date']}",
+        f"medians of {arguments.rounds} rounds, quartiles in parentheses; ratio = keras-mha / "
+        f"transformers tok/s in the same round (above 1: keras-mha faster)",
+        "",
+    ]
+    header = [
+        "backend",
+        "prefill tok/s keras-mha",
+        "transformers",
+        "ratio",
+        "decode tok/s keras-mha",
+        "transformers",
+        "ratio",
+    ]
+    body = []
+    for report in reports:
+        ours, theirs, paired = report[OURS], report.get(THEIRS), report.get("paired", {})
+        stats = ours["generation"]
+        mode = "compiled" if stats.get("compiled") else "eager"
+        body.append(
+            [
+                f"{ours['backend']} ({mode})",
+                _rate_cell(ours, "prefill"),
+                _rate_cell(theirs, "prefill"),
+                _ratio_cell(paired.get("prefill")),
+                _rate_cell(ours, "decode"),
+                _rate_cell(theirs, "decode"),
+                _ratio_cell(paired.get("decode")),
+            ]
+        )
+    lines += table(header, body, markdown)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from keras_mha.layers import attention_kernels, attention_paths, kv_cache, masks
 
 # RotaryEmbedding layer -> {(rotary_dim, device): inverse frequencies as a tensor}.
 _FREQUENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# (inverse frequencies as a tuple, device) -> (start, length, cos, sin) of the last step.
+_ANGLES: dict = {}
 
 
 def applies(layer, inputs, cache, start, options):
@@ -200,11 +202,7 @@ def _rope(layer, tensors, start):
         values = rope._inverse_frequencies(rotary_dim)
         inv_freq = torch.tensor(values, dtype=torch.float32, device=device)
         cached[rotary_dim, device] = inv_freq
-    length = tensors[0].shape[1]
-    positions = torch.arange(start, start + length, dtype=torch.int32, device=device).float()
-    angles = positions[None, :, None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)[:, :, None, :]
-    cos, sin = torch.cos(angles), torch.sin(angles)
+    cos, sin = _rotation(rope._inverse_frequencies(rotary_dim), inv_freq, start, tensors[0])
     rotated = []
     for tensor in tensors:
         x = tensor.float()
@@ -215,6 +213,28 @@ def _rope(layer, tensors, start):
             out = torch.cat([out, passing], dim=-1)
         rotated.append(out.to(tensor.dtype))
     return rotated
+
+
+def _rotation(frequencies, inv_freq, start, tensor):
+    """`cos` and `sin` of the angles at positions `start .. start + T` (`tensor`'s T).
+
+    A model's layers share their RoPE settings and, in one step, their positions: the
+    angles of the last call are kept per (frequencies, device) and reused by the next
+    layers instead of being computed once per layer.
+    """
+    torch = _torch()
+    device, length = tensor.device, tensor.shape[1]
+    key = (frequencies, device)
+    last = _ANGLES.get(key)
+    if isinstance(start, int) and last is not None and last[:2] == (start, length):
+        return last[2:]
+    positions = torch.arange(start, start + length, dtype=torch.int32, device=device).float()
+    angles = positions[None, :, None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None, :]
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if isinstance(start, int):
+        _ANGLES[key] = (start, length, cos, sin)
+    return cos, sin
 
 
 def step(layer, query, cache, start, attention_mask, options):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_mha.models.direct_calls import run
+from keras_mha.models.direct_calls import activate, run
 from keras_mha.models.supported import ACTIVATIONS
 
 
@@ -234,13 +234,17 @@ class DecoderBlock(keras.layers.Layer):
         """The normalised MLP branch (before its residual)."""
         normed = run(self.mlp_norm, inputs)
         if self.gate_proj is None:
-            hidden = self._activation_fn(run(self.up_proj, normed))
+            hidden = self._activate(run(self.up_proj, normed))
         else:
-            hidden = self._activation_fn(run(self.gate_proj, normed)) * run(self.up_proj, normed)
+            hidden = self._activate(run(self.gate_proj, normed)) * run(self.up_proj, normed)
         mlp = run(self.down_proj, hidden)
         if self.post_mlp_norm is not None:
             mlp = run(self.post_mlp_norm, mlp)
         return mlp
+
+    def _activate(self, inputs):
+        # Inside `direct_calls` with eager calls, the backend's kernel (eager_torch.py).
+        return activate(self.activation, self._activation_fn, inputs)
 
     def compute_output_shape(self, input_shape):
         return input_shape

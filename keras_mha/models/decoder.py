@@ -27,6 +27,7 @@ from keras_mha.errors import UsageError
 from keras_mha.models.blocks import DecoderBlock, make_norm
 from keras_mha.models.direct_calls import run
 from keras_mha.models.inputs import CheckedInputs, as_arrays, check_token_ids, unpack_inputs
+from keras_mha.models.kept_logits import check_logits_to_keep, keep_positions
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
@@ -58,9 +59,17 @@ class DecoderModel(CheckedInputs, keras.Model):
     Call arguments:
         inputs: `{"token_ids": (B, T) int, "padding_mask": (B, T) bool/int}` or the
             token ids alone.
+        logits_to_keep: which positions get logits (the LM head is skipped for the
+            others): 0 or None for all, an int `n` for the last `n`, or a 1-D list of
+            positions, as in transformers.
 
     Returns:
-        Logits `(B, T, vocab_size)`.
+        Logits `(B, T, vocab_size)`, or `(B, kept, vocab_size)` with `logits_to_keep`.
+
+    Example:
+        >>> model({"token_ids": ids, "padding_mask": mask}, logits_to_keep=1).shape
+        ... # doctest: +SKIP
+        (2, 1, 100)
     """
 
     def __init__(
@@ -190,6 +199,14 @@ class DecoderModel(CheckedInputs, keras.Model):
     def _key_mask(padding_mask):
         return None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
 
+    def __call__(self, inputs, *args, logits_to_keep=None, **kwargs):
+        if logits_to_keep is not None:
+            # Checked before Keras's __call__, which would wrap the error in a long report.
+            token_ids, _, _ = unpack_inputs(as_arrays(inputs))
+            check_logits_to_keep(logits_to_keep, token_ids.shape[1])
+            kwargs["logits_to_keep"] = logits_to_keep
+        return super().__call__(inputs, *args, **kwargs)
+
     def check_inputs(self, inputs):
         """`inputs` with Python lists made arrays; refused when an id is outside the
         vocabulary (`CheckedInputs` runs this on every call and every batch)."""
@@ -213,6 +230,9 @@ class DecoderModel(CheckedInputs, keras.Model):
     def hidden_states(self, inputs):
         """The final norm's output `(B, T, hidden_size)` (keras-hub backbones' output)."""
         token_ids, padding_mask, _ = unpack_inputs(inputs)
+        return self.final_norm(self._block_outputs(token_ids, padding_mask))
+
+    def _block_outputs(self, token_ids, padding_mask):
         positions = None
         if self.position_embedding is not None:
             positions = self.positions(padding_mask, ops.shape(token_ids)[1])
@@ -220,10 +240,13 @@ class DecoderModel(CheckedInputs, keras.Model):
         attention_mask = self._key_mask(padding_mask)
         for block in self.blocks:
             hidden = block(hidden, attention_mask=attention_mask)
-        return self.final_norm(hidden)
+        return hidden
 
-    def call(self, inputs, training=None):
-        return self.logits(self.hidden_states(inputs))
+    def call(self, inputs, training=None, logits_to_keep=None):
+        token_ids, padding_mask, _ = unpack_inputs(inputs)
+        kept = check_logits_to_keep(logits_to_keep, ops.shape(token_ids)[1])
+        hidden = keep_positions(self._block_outputs(token_ids, padding_mask), kept)
+        return self.logits(self.final_norm(hidden))
 
     # ------------------------------------------------------------------ decoding
     def init_caches(self, batch_size, max_length, variables=False):
@@ -239,7 +262,7 @@ class DecoderModel(CheckedInputs, keras.Model):
             for block in self.blocks
         ]
 
-    def call_with_cache(self, token_ids, key_mask, caches, cache_index):
+    def call_with_cache(self, token_ids, key_mask, caches, cache_index, logits_to_keep=None):
         """Logits of `token_ids` written at `cache_index`, and the updated caches.
 
         Args:
@@ -247,7 +270,9 @@ class DecoderModel(CheckedInputs, keras.Model):
             key_mask: boolean `(B, max_length)`: False at padded prompt positions.
             caches: from `init_caches` (or a previous call).
             cache_index: position of the first new token.
+            logits_to_keep: as in `call` (`generate`'s prefill keeps 1).
         """
+        kept = check_logits_to_keep(logits_to_keep, ops.shape(token_ids)[1])
         positions = None
         if self.position_embedding is not None:
             # The new tokens' columns of the positions over the whole cache.
@@ -261,6 +286,7 @@ class DecoderModel(CheckedInputs, keras.Model):
                 block, hidden, attention_mask=attention_mask, cache=cache, cache_index=cache_index
             )
             new_caches.append(cache)
+        hidden = keep_positions(hidden, kept)
         return self.logits(run(self.final_norm, hidden)), new_caches
 
     def compute_output_shape(self, input_shape):

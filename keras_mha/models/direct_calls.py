@@ -8,7 +8,9 @@ the model's blocks call their sub-layers' `call` methods directly.
 
 That is only equivalent where `__call__` adds nothing to the result: built layers
 whose compute dtype equals their variable dtype (no autocasting), no quantization and
-no distribution; `supports_direct_calls(model)` checks this.
+no distribution; `supports_direct_calls(model)` checks this. `direct_calls` may also
+be given `EagerCalls`: functions that replace the `call` of layers of given classes,
+and activations, with the backend's kernels (`eager_torch.eager_calls()` on PyTorch).
 
 Example:
     >>> with direct_calls(supports_direct_calls(model)):  # doctest: +SKIP
@@ -19,17 +21,43 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+from collections.abc import Callable, Mapping
 
 import keras
 
-_DIRECT = contextvars.ContextVar("keras_mha_direct_calls", default=False)
+
+@dataclasses.dataclass(frozen=True)
+class EagerCalls:
+    """Inside `direct_calls`: `layers` maps a layer's exact class to a function
+    `(layer, *args, **kwargs)` run instead of its `call`; `activations` maps a Hugging
+    Face activation name to a function run instead of Keras's."""
+
+    layers: Mapping[type, Callable] = dataclasses.field(default_factory=dict)
+    activations: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+
+
+_DIRECT: contextvars.ContextVar = contextvars.ContextVar("keras_mha_direct_calls", default=None)
 
 
 def run(layer, *args, **kwargs):
-    """`layer(*args, **kwargs)`, or `layer.call(...)` inside `direct_calls`."""
-    if _DIRECT.get():
+    """`layer(*args, **kwargs)`, or inside `direct_calls` `layer.call(...)` (or the
+    function registered for the layer's class)."""
+    calls = _DIRECT.get()
+    if calls is None:
+        return layer(*args, **kwargs)
+    function = calls.layers.get(type(layer))
+    if function is None:
         return layer.call(*args, **kwargs)
-    return layer(*args, **kwargs)
+    return function(layer, *args, **kwargs)
+
+
+def activate(name, function, inputs):
+    """`function(inputs)`, the activation `name`, or the one registered for `name` inside
+    `direct_calls`."""
+    calls = _DIRECT.get()
+    fast = None if calls is None else calls.activations.get(name)
+    return (fast or function)(inputs)
 
 
 def supports_direct_calls(model) -> bool:
@@ -52,13 +80,14 @@ def supports_direct_calls(model) -> bool:
 
 
 @contextlib.contextmanager
-def direct_calls(enabled=True):
-    """Within (when `enabled`): `run(layer, ...)` calls `layer.call` directly."""
-    token = _DIRECT.set(bool(enabled))
+def direct_calls(enabled=True, eager_calls=None):
+    """Within (when `enabled`): `run(layer, ...)` calls `layer.call` directly, or the
+    function `eager_calls` (an `EagerCalls`) registers for the layer's class."""
+    token = _DIRECT.set((eager_calls or EagerCalls()) if enabled else None)
     try:
         yield
     finally:
         _DIRECT.reset(token)
 
 
-__all__ = ["direct_calls", "run", "supports_direct_calls"]
+__all__ = ["EagerCalls", "activate", "direct_calls", "run", "supports_direct_calls"]

@@ -20,20 +20,36 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 
 from keras_mha.errors import UsageError
 
+# model -> (its hub_config dict, that config's ModelSpec): `generate` checks every call.
+_SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def model_spec(model):
-    """The `ModelSpec` of `model.hub_config` (None for a model without a Hub config)."""
+    """The `ModelSpec` of `model.hub_config` (None for a model without a Hub config);
+    read once per config (a model's config is set when it is built)."""
     config = getattr(model, "hub_config", None)
     if not isinstance(config, dict):
         return None
+    try:
+        cached = _SPECS.get(model)
+    except TypeError:  # not weakly referable
+        cached = None
+    if cached is not None and cached[0] is config:
+        return cached[1]
     from keras_mha.cards.spec import from_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the config was read (and warned about) on load
-        return from_config(dict(config))
+        spec = from_config(dict(config))
+    try:
+        _SPECS[model] = (config, spec)
+    except TypeError:
+        pass
+    return spec
 
 
 def max_positions(model) -> int | None:
