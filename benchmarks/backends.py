@@ -323,7 +323,11 @@ def reference_forward(weights, shape, causal, dtype):
     """`apply(params, x)` of the hand-written attention; `params` = the weight tensors.
 
     Example:
+        >>> layer = GroupedQueryAttention(4, 2, causal=True); layer.build((None, None, 32))
+        >>> x = keras.random.normal((1, 6, 32))
         >>> apply, params = reference_forward(*reference_weights(layer), True, "float32")
+        >>> tuple(apply(params, x).shape)
+        (1, 6, 32)
     """
     names = sorted(weights)
     heads, kv_heads, head_dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
@@ -388,6 +392,8 @@ def reference_decode(weights, shape, prefill, max_length):
     place, and attends over positions 0..index.
 
     Example:
+        >>> layer = GroupedQueryAttention(4, 2, causal=True); layer.build((None, None, 32))
+        >>> x = keras.random.normal((1, 6, 32))
         >>> step, params, state = reference_decode(*reference_weights(layer), x, 64)
     """
     from keras import ops

@@ -15,7 +15,8 @@ The model is a decoder-only transformer built from keras-mha layers:
 The script
 
 1. prints the loss before training, trains for `--steps` steps with
-   `model.fit`, and prints the loss after;
+   `model.fit` (its progress shows Keras's running mean of the loss over the
+   batches so far), and prints the trained model's loss on the same windows;
 2. generates greedily with the KV cache: the prompt is prefilled into one
    fixed-shape cache per block (`GroupedQueryAttention.init_cache`), then each
    new token is one call of a decode step that is compiled once for every
@@ -371,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     # Progress while it trains (a while on a CPU): Keras's bar on a terminal, and a line
     # every tenth of the steps when the output goes to a file or pipe.
     on_terminal = sys.stdout.isatty()
+    # Keras logs the mean loss over the batches trained so far in the epoch, early (worse)
+    # batches included, so it ends above the trained model's loss printed after.
+    print("training (progress shows Keras's running mean of the loss over the batches so far)")
     model.fit(
         inputs, targets, batch_size=args.batch_size, epochs=1, verbose=1 if on_terminal else 0,
         callbacks=[] if on_terminal else [StepLine(args.steps)],
@@ -378,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     loss_after = model.evaluate(*evaluation, batch_size=64, verbose=0)
     print(
         f"loss after {args.steps} steps: {loss_after:.3f} "
-        f"({time.perf_counter() - start:.1f} s of training)"
+        f"(the trained model on the same windows as before; {time.perf_counter() - start:.1f} s "
+        "of training)"
     )
 
     cached_ids, step_seconds, compilations = generate_with_cache(

@@ -70,7 +70,11 @@ class KerasMHAError(Exception):
 
     Args:
         message: one line naming what was wrong, the value and what was expected.
-        model_id, revision, path, key, value: what the error is about, where known.
+        model_id: the Hub model id the error is about, where known.
+        revision: the revision, where known.
+        path: the file or folder, where known.
+        key: the config key or argument, where known.
+        value: the value received, where known.
 
     Example:
         >>> KerasMHAError("something went wrong").exit_code

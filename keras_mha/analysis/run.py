@@ -70,8 +70,9 @@ def head_roles(
         batch_size: sequences per forward pass.
         max_tokens: read at most this many real tokens (None: all).
         seq_len: tokens per decoder window / at most per encoder sentence.
-        special_ids, delimiter_ids: override the tokenizer's special / punctuation ids
-            (with token ids and no tokenizer, the only source of them).
+        special_ids: override the tokenizer's special-token ids (with token ids and no
+            tokenizer, the only source of them).
+        delimiter_ids: override the tokenizer's punctuation ids, likewise.
         treebank: a CoNLL-U file path (or `syntax.TreebankSentence`s), for syntactic heads
             (`keras_mha.analysis.syntax`); read and tokenised before the model runs.
         importance: `{path: scores}` from `keras_mha.pruning.head_importance`, to

@@ -152,10 +152,19 @@ def plan(
         seq_len: tokens per sequence (an int or `8k`); default the model's context length
             capped at 8192.
         batch: sequences served at once.
-        kv_dtype, weights_dtype: element types (aliases as on the command line); weights
-            default to the checkpoint's own format (its `quantization_config` or dtype).
-        prefill_chunk, optimizer, precision: as `keras-mha inspect`.
-        revision, token, offline, endpoint, timeout: how to reach the Hub, as `load_config`.
+        kv_dtype: the KV cache's element type (aliases as on the command line).
+        weights_dtype: the weights' element type for serving; default the checkpoint's
+            own format (its `quantization_config` or dtype).
+        prefill_chunk: tokens per prefill chunk in the serving estimate.
+        optimizer: the optimizer of the training estimate (`adamw`, `adam`,
+            `sgd-momentum`, `sgd`).
+        precision: training precision: `mixed`, `bfloat16` or `float32`.
+        revision: Hub branch, tag or commit (the remaining arguments reach the Hub as
+            `keras_mha.hub.load_config` does).
+        token: Hub token.
+        offline: never touch the network.
+        endpoint: Hub endpoint.
+        timeout: seconds the exchange with the Hub may take.
 
     Returns:
         A `Plan`; `Plan.to_dict()` equals the CLI's JSON.

@@ -52,6 +52,7 @@ def held_out_split(data, fraction, *, argument="--held-out"):
         UsageError: `fraction` outside (0, 1), or too few examples for both parts.
 
     Example:
+        >>> from keras_mha.commands.prune_data import DecoderData
         >>> data = DecoderData(np.zeros((10, 4), "int32"), np.zeros((10, 4), "int32"), 40)
         >>> [part.num_examples for part in held_out_split(data, 0.2)]
         [8, 2]

@@ -9,13 +9,18 @@ decoding cache to match.
 Example:
     >>> import keras
     >>> from keras_mha.distribution import head_parallel_layout_map
-    >>> mesh = keras.distribution.DeviceMesh(
-    ...     (2, 4), ("batch", "model"), keras.distribution.list_devices())
-    >>> attention = keras_mha.GroupedQueryAttention(8, 4, name="attention")
+    >>> devices = [f"cpu:{i}" for i in range(8)]  # keras.distribution.list_devices()
+    >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
+    >>> attention = GroupedQueryAttention(8, 4, name="attention")
     >>> layout_map = head_parallel_layout_map(mesh, "model", model=attention)
+    >>> layout_map["attention/key_kernel"].axes
+    (None, 'model', None)
+
+    On 8 devices, build and compile the model under the distribution:
+
     >>> distribution = keras.distribution.ModelParallel(
-    ...     layout_map=layout_map, batch_dim_name="batch")
-    >>> with distribution.scope():
+    ...     layout_map=layout_map, batch_dim_name="batch")  # doctest: +SKIP
+    >>> with distribution.scope():  # doctest: +SKIP
     ...     inputs = keras.Input((16, 64))
     ...     model = keras.Model(inputs, attention(inputs))
 """

@@ -199,18 +199,21 @@ def head_parallel_layout_map(mesh, model_axis="model", model=None, layout_map=No
             different layouts; `model` holds no keras-mha attention layer.
 
     Example:
-        >>> devices = keras.distribution.list_devices()  # 8 devices
+        >>> devices = [f"cpu:{i}" for i in range(8)]  # keras.distribution.list_devices()
         >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
         >>> attention = GroupedQueryAttention(num_heads=8, num_key_value_heads=4, name="attn")
         >>> layout_map = head_parallel_layout_map(mesh, "model", model=attention)
         >>> layout_map["attn/key_kernel"].axes
         (None, 'model', None)
+
+        On 8 devices, the variables created under the distribution are split:
+
         >>> distribution = keras.distribution.ModelParallel(
-        ...     layout_map=layout_map, batch_dim_name="batch")
-        >>> with distribution.scope():
+        ...     layout_map=layout_map, batch_dim_name="batch")  # doctest: +SKIP
+        >>> with distribution.scope():  # doctest: +SKIP
         ...     inputs = keras.Input((16, 64))
         ...     model = keras.Model(inputs, attention(inputs))
-        >>> tuple(attention.key_kernel.value.sharding.spec)
+        >>> tuple(attention.key_kernel.value.sharding.spec)  # doctest: +SKIP
         (None, 'model', None)
     """
     axis_size = _mesh_axis_size(mesh, model_axis)

@@ -77,7 +77,9 @@ def distribute_kv_cache(cache, mesh, model_axis="model", batch_axis=None):
         cache: the `KVCache(key, value)` from `init_cache` (or returned by
             the layer), each buffer `(batch, num_key_value_heads, max_length,
             head_dim)`.
-        mesh, model_axis, batch_axis: as in `kv_cache_layout`.
+        mesh: as in `kv_cache_layout`.
+        model_axis: as in `kv_cache_layout`.
+        batch_axis: as in `kv_cache_layout`.
 
     Returns:
         The cache, both buffers laid out on the mesh.
@@ -88,9 +90,16 @@ def distribute_kv_cache(cache, mesh, model_axis="model", batch_axis=None):
             mesh axis.
 
     Example:
-        >>> cache = layer.init_cache(batch_size=4, max_length=128)
-        >>> cache = distribute_kv_cache(cache, mesh, batch_axis="batch")
-        >>> output, cache = layer(tokens, cache=cache, cache_index=0)
+        >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=4, head_dim=4)
+        >>> layer.build((None, None, 16))
+        >>> cache = layer.init_cache(batch_size=2, max_length=8)
+
+        On JAX, with the (2, 4) `("batch", "model")` mesh of `kv_cache_layout`'s example:
+
+        >>> cache = distribute_kv_cache(cache, mesh, batch_axis="batch")  # doctest: +SKIP
+        >>> output, cache = layer(keras.ops.ones((2, 3, 16)), cache=cache, cache_index=0)
+        >>> tuple(cache.key.shape)
+        (2, 4, 8, 4)
     """
     backend = keras.backend.backend()
     if backend != "jax":

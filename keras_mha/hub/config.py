@@ -126,10 +126,12 @@ def load_config(
         A `LoadedConfig`.
 
     Raises:
-        RepositoryNotFoundError, GatedRepositoryError, RevisionNotFoundError,
-        ConfigFileNotFoundError, MalformedConfigError, HubUnreachableError,
-        InvalidRevisionError, InvalidTokenError, HubResponseError (all
-        `keras_mha.errors.CardError`), PathError, UsageError.
+        CardError: a subclass naming what went wrong: `RepositoryNotFoundError`,
+            `GatedRepositoryError`, `RevisionNotFoundError`, `ConfigFileNotFoundError`,
+            `MalformedConfigError`, `HubUnreachableError`, `InvalidRevisionError`,
+            `InvalidTokenError` or `HubResponseError`.
+        PathError: a local path that cannot be read as asked.
+        UsageError: a malformed argument.
 
     Example:
         >>> load_config("bundled:openai-community/gpt2").config["n_head"]

@@ -20,7 +20,7 @@ Which call takes which, and why: docs/concepts/attention-paths.md.
 Example:
     >>> q = keras.random.normal((2, 5, 8, 16))
     >>> kv = keras.random.normal((2, 7, 2, 16))
-    >>> fused_attention(q, kv, kv, scale=16**-0.5).shape
+    >>> tuple(fused_attention(q, kv, kv, scale=16**-0.5).shape)
     (2, 5, 8, 16)
 """
 
@@ -97,7 +97,7 @@ def grouped_attention(
     Example:
         >>> q = keras.random.normal((2, 5, 8, 16))
         >>> kv = keras.random.normal((2, 7, 2, 16))
-        >>> grouped_attention(q, kv, kv, scale=16**-0.5).shape
+        >>> tuple(grouped_attention(q, kv, kv, scale=16**-0.5).shape)
         (2, 5, 8, 16)
     """
     num_key_value_heads = key.shape[1 if key_heads_first else 2]
@@ -166,7 +166,7 @@ def fused_attention(
     Example:
         >>> q = keras.random.normal((2, 5, 8, 16))
         >>> kv = keras.random.normal((2, 7, 2, 16))
-        >>> fused_attention(q, kv, kv, scale=16**-0.5).shape
+        >>> tuple(fused_attention(q, kv, kv, scale=16**-0.5).shape)
         (2, 5, 8, 16)
     """
     row_has_key = None
@@ -304,7 +304,7 @@ def blockwise_causal_attention(query, key, value, *, scale, block_size=None):
 
     Example:
         >>> x = keras.random.normal((1, 512, 4, 16))
-        >>> blockwise_causal_attention(x, x, x, scale=0.25, block_size=128).shape
+        >>> tuple(blockwise_causal_attention(x, x, x, scale=0.25, block_size=128).shape)
         (1, 512, 4, 16)
     """
     if block_size is None:
@@ -400,9 +400,10 @@ def torch_one_query_attention(query, key, value, mask, *, scale):
     `mask`: None or boolean, broadcastable to `(B, 1 | H, 1, S)`, with no empty row.
 
     Example:
+        >>> import torch
         >>> q, kv = torch.randn(1, 1, 8, 16), torch.randn(1, 2, 32, 16)
-        >>> torch_one_query_attention(q, kv, kv, None, scale=0.25).shape
-        torch.Size([1, 1, 8, 16])
+        >>> tuple(torch_one_query_attention(q, kv, kv, None, scale=0.25).shape)
+        (1, 1, 8, 16)
     """
     batch, _, num_heads, head_dim = query.shape
     num_key_value_heads = key.shape[1]

@@ -20,7 +20,7 @@ The backend checks live in the kernel modules' predicates (`prefers_blockwise_ca
 Example:
     >>> options = AttentionOptions(num_heads=8, scale=0.25, causal=True, use_fused=True)
     >>> heads, weights = attend(q, k, v, options, padding_masks.gather(x))  # doctest: +SKIP
-    >>> weights is None  # the fused kernels return no weights
+    >>> weights is None  # the fused kernels return no weights  # doctest: +SKIP
     True
 """
 

@@ -17,7 +17,7 @@ docs/concepts/attention-paths.md.
 Example:
     >>> q = keras.random.normal((1, 1, 8, 16))
     >>> cache = keras.random.normal((1, 2, 32, 16))
-    >>> two_fusion_attention(q, cache, cache, None, scale=0.25).shape
+    >>> tuple(two_fusion_attention(q, cache, cache, None, scale=0.25).shape)
     (1, 1, 8, 16)
 """
 
@@ -56,7 +56,7 @@ def flat_cache_attention(query, key, value, mask, *, scale, rows_may_be_empty=Tr
     Example:
         >>> q = keras.random.normal((1, 1, 8, 16))
         >>> k = v = keras.random.normal((1, 2, 32, 16))
-        >>> flat_cache_attention(q, k, v, None, scale=0.25).shape
+        >>> tuple(flat_cache_attention(q, k, v, None, scale=0.25).shape)
         (1, 1, 8, 16)
     """
     shape = ops.shape(query)
@@ -152,7 +152,7 @@ def single_query_attention(
     Example:
         >>> q = keras.random.normal((1, 1, 8, 16)); new = keras.random.normal((1, 1, 2, 16))
         >>> k = keras.random.normal((1, 2, 32, 16))
-        >>> single_query_attention(q, new, new, k, k, None, position=5, scale=0.25).shape
+        >>> tuple(single_query_attention(q, new, new, k, k, None, position=5, scale=0.25).shape)
         (1, 1, 8, 16)
     """
     batch, num_heads = ops.shape(query)[0], query.shape[2]
@@ -236,7 +236,7 @@ def two_fusion_attention(query, key, value, mask, *, scale, rows_may_be_empty=Tr
     Example:
         >>> q = keras.random.normal((1, 1, 8, 16))
         >>> k = keras.random.normal((1, 2, 32, 16))
-        >>> two_fusion_attention(q, k, k, None, scale=0.25).shape
+        >>> tuple(two_fusion_attention(q, k, k, None, scale=0.25).shape)
         (1, 1, 8, 16)
     """
     batch, num_heads = ops.shape(query)[0], query.shape[2]

@@ -22,10 +22,15 @@ The index is an int32 tensor to the compiled steps (a 0-d tensor under
 `keras_mha.models.generate` compiles its prefill and step with `compile_decode_step`.
 
 Example:
+    >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
+    >>> layer.build((None, None, 64))
+    >>> prompt = keras.random.normal((1, 5, 64))
     >>> decode = layer_decode_function(layer)
     >>> cache = layer.init_cache(1, 64, variables=keras.backend.backend() == "tensorflow")
-    >>> output, cache = decode(prompt, cache, 0)  # doctest: +SKIP
-    >>> output, cache = decode(token, cache, prompt.shape[1])  # doctest: +SKIP
+    >>> output, cache = decode(prompt, cache, 0)
+    >>> output, cache = decode(output[:, -1:], cache, prompt.shape[1])
+    >>> tuple(output.shape)
+    (1, 1, 64)
 """
 
 from __future__ import annotations
@@ -65,9 +70,14 @@ def compile_decode_step(
             resumed frames after a graph break need their guards).
 
     Example:
+        >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
+        >>> _ = layer(keras.ops.ones((1, 4, 64)))
         >>> step = compile_decode_step(layer, lambda x, mask, cache, index: layer(
         ...     x, cache=cache, cache_index=index, attention_mask=mask))
-        >>> output, cache = step(token, None, cache, 7)  # doctest: +SKIP
+        >>> cache = layer.init_cache(1, 16, variables=keras.backend.backend() == "tensorflow")
+        >>> output, cache = step(keras.ops.ones((1, 1, 64)), None, cache, 7)
+        >>> tuple(output.shape)
+        (1, 1, 64)
     """
     on_trace = on_trace or (lambda: None)
 
@@ -189,8 +199,13 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
     """`GroupedQueryAttention.make_decode_function`: see its docstring.
 
     Example:
+        >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
+        >>> layer.build((None, None, 64))
         >>> decode = layer_decode_function(layer)
-        >>> output, cache = decode(token, cache, 7)  # doctest: +SKIP
+        >>> cache = layer.init_cache(1, 16, variables=keras.backend.backend() == "tensorflow")
+        >>> output, cache = decode(keras.ops.ones((1, 3, 64)), cache, 0)
+        >>> tuple(output.shape)
+        (1, 3, 64)
     """
 
     def forward(query, mask, cache, index):

@@ -7,7 +7,7 @@ pipeline of steps whose kernels live in their own modules (docs/concepts/attenti
 
 Example:
     >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2, causal=True)
-    >>> layer(keras.random.normal((2, 10, 64))).shape
+    >>> tuple(layer(keras.random.normal((2, 10, 64))).shape)
     (2, 10, 64)
 """
 
@@ -67,8 +67,12 @@ class GroupedQueryAttention(keras.layers.Layer):
             allows (no attention weights returned, no active dropout, no soft
             cap); False always uses the generic `keras.ops` path; True requires
             the fused path and raises when the call cannot use it.
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, activity_regularizer, kernel_constraint,
+        kernel_initializer: as in `keras.layers.Dense`.
+        bias_initializer: as in `keras.layers.Dense`.
+        kernel_regularizer: as in `keras.layers.Dense`.
+        bias_regularizer: as in `keras.layers.Dense`.
+        activity_regularizer: as in `keras.layers.Dense`.
+        kernel_constraint: as in `keras.layers.Dense`.
         bias_constraint: as in `keras.layers.Dense`.
         seed: seed of the dropout.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
@@ -109,12 +113,12 @@ class GroupedQueryAttention(keras.layers.Layer):
     Example:
         >>> layer = GroupedQueryAttention(num_heads=8, num_key_value_heads=2, causal=True)
         >>> x = keras.random.normal((2, 10, 64))
-        >>> layer(x).shape
+        >>> tuple(layer(x).shape)
         (2, 10, 64)
         >>> cache = layer.init_cache(batch_size=2, max_length=16)
         >>> out, cache = layer(x, cache=cache, cache_index=0)        # prefill
         >>> step, cache = layer(x[:, -1:], cache=cache, cache_index=10)  # one token
-        >>> step.shape
+        >>> tuple(step.shape)
         (2, 1, 64)
     """
 
@@ -440,7 +444,7 @@ class GroupedQueryAttention(keras.layers.Layer):
             >>> cache = layer.init_cache(1, 16, variables=keras.backend.backend() == "tensorflow")
             >>> output, cache = decode(prompt, cache, 0)
             >>> output, cache = decode(prompt[:, -1:], cache, 5)
-            >>> output.shape
+            >>> tuple(output.shape)
             (1, 1, 64)
         """
         return decode_functions.layer_decode_function(

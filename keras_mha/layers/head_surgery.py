@@ -41,7 +41,8 @@ def check_head_indices(heads, num_heads, argument="heads_to_remove"):
         [3, 1]
         >>> check_head_indices([1.9], 4)
         Traceback (most recent call last):
-        PruningError: `heads_to_remove` has 1.9, which is not a query-head index; ...
+        ...
+        keras_mha.errors.PruningError: `heads_to_remove` has 1.9, which is not a query-head ...
     """
     if isinstance(heads, (str, bytes, dict)) or not isinstance(heads, Iterable):
         raise PruningError(
@@ -171,7 +172,7 @@ def replace_head_variables(layer, values, *, num_heads, num_key_value_heads):
     Example:
         >>> values = head_variable_values(layer)  # doctest: +SKIP
         >>> values["key_kernel"] = values["key_kernel"][:, :1]  # doctest: +SKIP
-        >>> ...  # the same for the other KV-head variables
+        >>> ...  # the same for the other KV-head variables  # doctest: +SKIP
         >>> replace_head_variables(layer, values, num_heads=4, num_key_value_heads=1)
         ... # doctest: +SKIP
     """

@@ -86,6 +86,10 @@ def copy_weights_to_keras(layer, keras_layer):
     gates 1) maps exactly; a gated one raises.
 
     Example:
+        >>> ours = GroupedQueryAttention(4, 2, head_dim=8); ours.build((None, None, 16))
+        >>> ref = keras.layers.GroupQueryAttention(head_dim=8, num_query_heads=4,
+        ...                                        num_key_value_heads=2)
+        >>> x = keras.random.normal((1, 5, 16)); _ = ref(x, x)
         >>> copy_weights_to_keras(ours, ref)
     """
     _check_compatible(keras_layer, layer)

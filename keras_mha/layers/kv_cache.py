@@ -16,7 +16,7 @@ Example:
     ...                       head_dim=4, dtype="float32")
     >>> tuple(cache.key.shape)
     (1, 2, 8, 4)
-    >>> cache = KVCache.variables(1, 2, 8, 4, "float32")  # doctest: +SKIP (TensorFlow)
+    >>> cache = KVCache.variables(1, 2, 8, 4, "float32")  # TensorFlow  # doctest: +SKIP
     >>> cache.in_place  # doctest: +SKIP
     True
 """

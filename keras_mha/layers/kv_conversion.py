@@ -69,7 +69,7 @@ def check_kv_conversion(layer, num_key_value_heads, method="mean", *, where=None
         >>> layer = GroupedQueryAttention(8, 4); layer.build((None, None, 32))
         >>> check_kv_conversion(layer, 3)
         Traceback (most recent call last):
-        PruningError: `num_key_value_heads`=3 does not divide the layer's 4 KV heads; ...
+        keras_mha.errors.PruningError: `num_key_value_heads`=3 does not divide the 4 KV heads ...
     """
     GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention = map(
         _attention_class, ("GroupedQueryAttention", "MultiHeadAttention", "MultiQueryAttention")

@@ -6,7 +6,7 @@ a one-row product with a reshaped kernel variable as a naive loop, 5x slower); J
 XLA fuses the bias by itself. Measurements: docs/concepts/attention-paths.md.
 
 Example:
-    >>> linear(ops.ones((2, 3, 4)), ops.ones((4, 5)), ops.zeros((5,))).shape
+    >>> tuple(linear(ops.ones((2, 3, 4)), ops.ones((4, 5)), ops.zeros((5,))).shape)
     (2, 3, 5)
 """
 
@@ -25,7 +25,7 @@ def linear(inputs, kernel, bias=None):
     dtype under mixed precision, as `ops.matmul` would read them).
 
     Example:
-        >>> linear(ops.ones((2, 3, 4)), ops.ones((4, 5)), ops.zeros((5,))).shape
+        >>> tuple(linear(ops.ones((2, 3, 4)), ops.ones((4, 5)), ops.zeros((5,))).shape)
         (2, 3, 5)
     """
     backend = keras.backend.backend()
@@ -60,8 +60,9 @@ def torch_linear(inputs, kernel, bias):
     """`linear` on torch tensors of one dtype, as one `torch.addmm` (no Keras dispatch).
 
     Example:
-        >>> torch_linear(torch.ones(2, 3, 4), torch.ones(4, 5), torch.zeros(5)).shape
-        torch.Size([2, 3, 5])
+        >>> import torch
+        >>> tuple(torch_linear(torch.ones(2, 3, 4), torch.ones(4, 5), torch.zeros(5)).shape)
+        (2, 3, 5)
     """
     if inputs.ndim == 2:  # Already rows: no reshape and view dispatched.
         return bias.addmm(inputs, kernel)

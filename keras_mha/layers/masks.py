@@ -46,7 +46,7 @@ def normalise_attention_mask(attention_mask, *, batch, query_length, key_length,
     Example:
         >>> m = normalise_attention_mask(ops.ones((2, 3, 4)), batch=2, query_length=3,
         ...                              key_length=4, num_heads=8)
-        >>> m.shape
+        >>> tuple(m.shape)
         (2, 1, 3, 4)
     """
     mask = ops.cast(attention_mask, "bool")

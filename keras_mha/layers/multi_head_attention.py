@@ -18,7 +18,7 @@ class MultiHeadAttention(GroupedQueryAttention):
 
     Example:
         >>> layer = MultiHeadAttention(num_heads=4, causal=True)
-        >>> layer(keras.random.normal((2, 10, 32))).shape
+        >>> tuple(layer(keras.random.normal((2, 10, 32))).shape)
         (2, 10, 32)
     """
 

@@ -17,7 +17,7 @@ class MultiQueryAttention(GroupedQueryAttention):
 
     Example:
         >>> layer = MultiQueryAttention(num_heads=8, head_dim=16)
-        >>> layer(keras.random.normal((2, 10, 64))).shape
+        >>> tuple(layer(keras.random.normal((2, 10, 64))).shape)
         (2, 10, 64)
     """
 

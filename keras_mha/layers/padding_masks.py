@@ -12,7 +12,7 @@ Example:
     >>> inputs = gather(x)
     >>> inputs.self_attention, inputs.value is x
     (True, True)
-    >>> ops.convert_to_numpy(inputs.value_mask).tolist()
+    >>> keras.ops.convert_to_numpy(inputs.value_mask).tolist()
     [[True, True, False]]
 """
 
@@ -47,6 +47,7 @@ def gather(
     for when `key` is a tensor of its own (Keras ignores it when `key is value`).
 
     Example:
+        >>> q, v = np.ones((1, 2, 4)), np.ones((1, 3, 4))
         >>> gather(q, v).self_attention
         False
     """

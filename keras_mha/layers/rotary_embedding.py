@@ -148,7 +148,7 @@ class RotaryEmbedding(keras.layers.Layer):
     Example:
         >>> rope = RotaryEmbedding(max_wavelength=10000)
         >>> x = keras.random.normal((2, 6, 4, 16))
-        >>> rope(x, positions=ops.arange(10, 16)).shape
+        >>> tuple(rope(x, positions=ops.arange(10, 16)).shape)
         (2, 6, 4, 16)
     """
 

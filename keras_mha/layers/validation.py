@@ -206,7 +206,9 @@ def check_query_length(query_shape):
     """A query with no positions is refused, where its length is static.
 
     Example:
-        >>> check_query_length((2, 0, 8))  # raises ValueError
+        >>> check_query_length((2, 0, 8))
+        Traceback (most recent call last):
+        ValueError: `query` has no positions (shape (2, 0, 8)); expected a length of at least 1: ...
     """
     if isinstance(_known(query_shape[1]), int) and _known(query_shape[1]) == 0:
         # Every backend alike: TensorFlow's CPU matmul fails on an empty query, JAX and
@@ -226,7 +228,12 @@ def check_call_inputs(query, value, key):
     itself: they are stateful ops). They raise `InvalidArgumentError`.
 
     Example:
+        >>> query, keys = keras.ops.ones((2, 3, 8)), keras.ops.ones((2, 5, 8))
         >>> check_call_inputs(query, value=keys, key=keys)
+        >>> check_call_inputs(query, value=keys[:1], key=keys[:1])
+        Traceback (most recent call last):
+        ...
+        ValueError: ...
     """
     if value is query and key is query:  # self-attention: nothing to agree with
         check_rank("query", query.shape)
@@ -268,6 +275,7 @@ def check_cache_use(cache, cache_index, self_attention):
     `cache_index` in cross-attention.
 
     Example:
+        >>> cache = (np.zeros((1, 2, 4, 8)), np.zeros((1, 2, 4, 8)))
         >>> check_cache_use(cache, cache_index=None, self_attention=False)
         Traceback (most recent call last):
         ValueError: Pass either `value` or a read-only `cache` (cross-attention), not both.

@@ -274,7 +274,8 @@ class EncoderBlock(keras.layers.Layer):
     """A post-norm (BERT) block: `norm(x + attention(x))`, then `norm(h + mlp(h))`.
 
     Args:
-        hidden_size, intermediate_size: model and MLP widths.
+        hidden_size: model width.
+        intermediate_size: MLP width.
         attention: a bidirectional `MultiHeadAttention` (or its serialized config).
         activation: a Hugging Face activation name (BERT: exact "gelu").
         norm_epsilon: LayerNorm epsilon.

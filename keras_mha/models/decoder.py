@@ -35,17 +35,23 @@ class DecoderModel(CheckedInputs, keras.Model):
     """A decoder-only causal LM: embeddings, `DecoderBlock`s, final norm, LM head.
 
     Args:
-        vocab_size, hidden_size: vocabulary and model width.
+        vocab_size: rows of the token embedding (the vocabulary).
+        hidden_size: model width.
         blocks: `DecoderBlock` layers (or their serialized configs), in order.
         tie_word_embeddings: the LM head reuses the token embeddings.
-        norm_epsilon, norm_scale_offset: of the final norm (see `RMSNorm`).
+        norm_epsilon: epsilon of the final norm.
+        norm_scale_offset: scale offset of the final norm (1 for Gemma's `1 + w`; see
+            `RMSNorm`).
         embedding_scale: multiply the embeddings by sqrt(hidden_size) (Gemma).
         final_logit_soft_cap: `c * tanh(logits / c)` (Gemma 2), or None.
-        family, hub_prefix, hub_config: where the weights came from (the family, whose
-            module names the checkpoint's tensors, the checkpoint's name stem and its
-            `config.json`), kept for `save_pretrained`; None for a model built by hand.
-        embeddings_initializer, kernel_initializer: for models not loaded from a checkpoint.
-        norm_type, norm_bias: the final norm, "rms" or "layer" (with a bias).
+        family: the family the weights came from, whose module names the checkpoint's
+            tensors; kept for `save_pretrained`, None for a model built by hand.
+        hub_prefix: the checkpoint's tensor-name stem, kept for `save_pretrained`.
+        hub_config: the checkpoint's `config.json`, kept for `save_pretrained`.
+        embeddings_initializer: for models not loaded from a checkpoint.
+        kernel_initializer: for models not loaded from a checkpoint.
+        norm_type: the final norm, "rms" or "layer".
+        norm_bias: whether a "layer" final norm has a bias.
         max_position_embeddings: rows of a learned position table (GPT-2); None for
             models that rotate queries and keys (RoPE) instead.
         weight_naming: ignored (0.2 `.keras` files name their table here).

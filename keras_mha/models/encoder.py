@@ -29,12 +29,15 @@ class EncoderModel(CheckedInputs, keras.Model):
     """A BERT-style encoder returning the last hidden state `(B, T, hidden_size)`.
 
     Args:
-        vocab_size, hidden_size: vocabulary and model width.
+        vocab_size: rows of the token embedding (the vocabulary).
+        hidden_size: model width.
         blocks: `EncoderBlock` layers (or their serialized configs).
         max_position_embeddings: rows of the position table.
         type_vocab_size: rows of the token-type table.
         norm_epsilon: epsilon of the embeddings' LayerNorm.
-        family, hub_prefix, hub_config: as in `DecoderModel`.
+        family: as in `DecoderModel`.
+        hub_prefix: as in `DecoderModel`.
+        hub_config: as in `DecoderModel`.
         embeddings_initializer: for models not loaded from a checkpoint.
         position_padding_idx: RoBERTa's `pad_token_id`: positions are
             `cumsum(mask) * mask + position_padding_idx` with `mask = token_ids !=

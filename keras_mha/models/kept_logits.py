@@ -8,9 +8,9 @@ sliced before the final norm and the LM head, so the other positions cost nothin
 
 Example:
     >>> import numpy as np
-    >>> keep_positions(np.zeros((2, 9, 4)), 1).shape
+    >>> tuple(keep_positions(np.zeros((2, 9, 4)), 1).shape)
     (2, 1, 4)
-    >>> keep_positions(np.zeros((2, 9, 4)), [0, -1]).shape
+    >>> tuple(keep_positions(np.zeros((2, 9, 4)), check_logits_to_keep([0, -1], 9)).shape)
     (2, 2, 4)
 """
 

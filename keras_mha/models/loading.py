@@ -427,8 +427,10 @@ def from_pretrained(
             device computes it well (see `choose_dtype`), else float32.
         revision: Hub branch, tag or commit (Hub ids only).
         token: Hub token; None uses the stored login / `HF_TOKEN`.
-        endpoint, offline, timeout: Hub endpoint, offline mode and seconds per exchange,
-            as `keras_mha.hub.load_config` (None: the environment's / the default).
+        endpoint: Hub endpoint; None uses `HF_ENDPOINT`.
+        offline: read only the HF cache, never the network; None follows `HF_HUB_OFFLINE`.
+        timeout: seconds an exchange with the Hub may take; None: the default (these three
+            as in `keras_mha.hub.load_config`).
 
     Returns:
         A `DecoderModel` (causal LMs: logits `(B, T, vocab)`) or `EncoderModel` (BERT and

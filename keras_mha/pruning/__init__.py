@@ -10,10 +10,16 @@
   `model_attention_flops`, `save_head_heatmap`: the pieces they are made of.
 
 Example:
+    >>> from keras_mha.layers import MultiHeadAttention
     >>> from keras_mha.pruning import HeadPruning, prune_heads
-    >>> pruning = HeadPruning(target=0.5, data=(x_val, y_val), start_epoch=2, end_epoch=4)
-    >>> model.fit(x, y, epochs=8, callbacks=[pruning])
+    >>> inputs = keras.Input((8, 16))
+    >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+    >>> model.compile("sgd", "mse")
+    >>> x = np.random.default_rng(0).normal(size=(16, 8, 16)).astype("float32")
+    >>> pruning = HeadPruning(target=0.5, data=(x, x), start_epoch=1, end_epoch=2)
+    >>> _ = model.fit(x, x, epochs=3, callbacks=[pruning], verbose=0)
     >>> prune_heads(model)
+    {'attention': [...]}
 """
 
 from keras_mha.pruning.callback import HeadPruning

@@ -187,6 +187,9 @@ def resolve_loss(model, loss):
             whose result is averaged to a scalar.
 
     Example:
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
         >>> loss_fn = resolve_loss(model, "mse")
         >>> float(loss_fn(np.zeros((2, 3)), np.ones((2, 3)), None))
         1.0

@@ -104,12 +104,19 @@ class HeadPruning(keras.callbacks.Callback):
         verbose: 1 prints one line per pruning step.
 
     Example:
-        >>> pruning = HeadPruning(target=0.5, data=(x_val, y_val), start_epoch=2,
-        ...                       end_epoch=6, frequency=2)
-        >>> history = model.fit(x, y, epochs=10, callbacks=[pruning])
-        >>> history.history["pruned_heads"][-1]
-        8
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> from keras_mha.pruning import prune_heads
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> model.compile("sgd", "mse")
+        >>> x = np.random.default_rng(0).normal(size=(16, 8, 16)).astype("float32")
+        >>> pruning = HeadPruning(target=0.5, data=(x, x), start_epoch=1, end_epoch=3,
+        ...                       frequency=2)
+        >>> history = model.fit(x, x, epochs=4, callbacks=[pruning], verbose=0)
+        >>> history.history["pruned_heads"]
+        [0, 1, 1, 2]
         >>> prune_heads(model)  # physically remove them
+        {'attention': [...]}
     """
 
     def __init__(
@@ -230,8 +237,12 @@ class HeadPruning(keras.callbacks.Callback):
         """Run the pruning step scheduled at `epoch` now; returns the heads gated off.
 
         Example:
+            >>> from keras_mha.layers import MultiHeadAttention
+            >>> inputs = keras.Input((8, 16))
+            >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+            >>> pruning = HeadPruning(2, method="magnitude", start_epoch=1)
             >>> pruning.set_model(model); pruning.prune_step(epoch=1)
-            {'block_0/attention': [2], 'block_1/attention': [0, 3]}
+            {'attention': [..., ...]}
         """
         if epoch not in self.prune_epochs:
             raise PruningError(
@@ -337,7 +348,12 @@ class HeadPruning(keras.callbacks.Callback):
         """`{path: heads gated off}` in the model now.
 
         Example:
+            >>> from keras_mha.layers import MultiHeadAttention
+            >>> inputs = keras.Input((8, 16))
+            >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+            >>> pruning = HeadPruning(2, method="magnitude", start_epoch=0)
+            >>> pruning.set_model(model); _ = pruning.prune_step(epoch=0)
             >>> pruning.pruned_heads
-            {'block_0/attention': [2], 'block_1/attention': [0, 3]}
+            {'attention': [..., ...]}
         """
         return pruned_heads_from_gates(get_head_gates(self.model))

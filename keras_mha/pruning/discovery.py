@@ -62,7 +62,8 @@ def require_attention_layers(model, argument="model"):
     Example:
         >>> require_attention_layers(keras.Sequential([keras.layers.Dense(2)]))
         Traceback (most recent call last):
-        ValueError: `model` (Sequential 'sequential') has no keras-mha attention layer ...
+        ...
+        ValueError: `model` (Sequential ...) has no keras-mha attention layer; expected ...
     """
     layers = find_attention_layers(model)
     if not layers:

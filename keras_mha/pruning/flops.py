@@ -51,8 +51,12 @@ def model_attention_flops(model, query_length, key_length=None):
     change them.
 
     Example:
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> from keras_mha.pruning import prune_heads
         >>> before = model_attention_flops(model, query_length=8)
-        >>> prune_heads(model)
+        >>> _ = prune_heads(model, heads={"attention": [0]})
         >>> model_attention_flops(model, query_length=8) < before
         True
     """

@@ -46,10 +46,16 @@ class GateLoss:
             `keras_mha.pruning.batches.resolve_loss`.
 
     Example:
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> from keras_mha.pruning import find_attention_layers
+        >>> from keras_mha.pruning.batches import resolve_loss
+        >>> x = np.ones((2, 8, 16), "float32")
         >>> gates = [layer.head_gates for layer in find_attention_layers(model).values()]
         >>> gate_loss = GateLoss(model, gates, resolve_loss(model, "mse"))
-        >>> loss, gradients = gate_loss.value_and_gradients(x, y)
-        >>> masked = gate_loss.value(x, y, gate_values=[np.array([0., 1.]), np.ones(4)])
+        >>> loss, gradients = gate_loss.value_and_gradients(x, x)
+        >>> masked = gate_loss.value(x, x, gate_values=[np.array([0., 1., 1., 1.])])
     """
 
     def __init__(self, model, gate_variables, loss_fn):
@@ -220,8 +226,14 @@ def gate_gradients(model, gate_variables, x, y=None, sample_weight=None, *, loss
         `(loss, gradients)`: a float and one `np.ndarray(num_heads)` per gate variable.
 
     Example:
-        >>> gates = [layer.head_gates for layer in find_attention_layers(model).values()]
-        >>> loss, grads = gate_gradients(model, gates, x, y, loss_fn=resolve_loss(model, "mse"))
+        >>> from keras_mha.pruning.batches import resolve_loss
+        >>> attention = GroupedQueryAttention(num_heads=4, num_key_value_heads=2)
+        >>> model = keras.Sequential([keras.Input((6, 8)), attention])
+        >>> x = np.ones((2, 6, 8), "float32")
+        >>> loss_fn = resolve_loss(model, "mse")
+        >>> loss, grads = gate_gradients(model, [attention.head_gates], x, x, loss_fn=loss_fn)
+        >>> grads[0].shape
+        (4,)
     """
     return GateLoss(model, gate_variables, loss_fn).value_and_gradients(x, y, sample_weight)
 
@@ -230,8 +242,11 @@ def no_gradient_tracking():
     """A context for forward-only passes: `torch.no_grad()` on PyTorch, else nothing.
 
     Example:
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
         >>> with no_gradient_tracking():
-        ...     y_pred = model(x, training=False)
+        ...     y_pred = model(np.ones((2, 8, 16), "float32"), training=False)
     """
     if keras.backend.backend() == "torch":
         import torch

@@ -47,8 +47,11 @@ def get_head_gates(model):
     """The gates of every attention layer, as `{path: np.ndarray(num_heads)}`.
 
     Example:
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
         >>> get_head_gates(model)
-        {'block_0/attention': array([1., 1., 1., 1.], dtype=float32)}
+        {'attention': array([1., 1., 1., 1.], dtype=float32)}
     """
     layers = require_attention_layers(model)
     sync_training_state(model)
@@ -70,7 +73,12 @@ def set_head_gates(model, gates):
             `find_attention_layers(model)`; layers not named keep their gates.
 
     Example:
-        >>> set_head_gates(model, {"block_0/attention": [1, 0, 1, 1]})
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> set_head_gates(model, {"attention": [1, 0, 1, 1]})
+        >>> get_head_gates(model)["attention"]
+        array([1., 0., 1., 1.], dtype=float32)
     """
     layers = require_attention_layers(model)
     checked = {}

@@ -36,8 +36,12 @@ def save_head_heatmap(path, importance, gates, title=None):
         `path`.
 
     Example:
-        >>> save_head_heatmap("heads.png", head_importance(model, data), get_head_gates(model))
-        'heads.png'
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "heads.png"
+        >>> importance = {"block_0": np.array([0.3, 0.1]), "block_1": np.array([0.2, 0.4])}
+        >>> gates = {"block_0": np.array([1.0, 0.0]), "block_1": np.array([1.0, 1.0])}
+        >>> pathlib.Path(save_head_heatmap(path, importance, gates)).is_file()
+        True
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg

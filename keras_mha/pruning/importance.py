@@ -37,22 +37,23 @@ def head_importance(
 ):
     """One importance score per query head, for every keras-mha attention layer.
 
-    Methods:
-        - `"taylor"` (Michel et al., 2019, "Are Sixteen Heads Really Better than
-          One?"): the expected absolute gradient of the loss with respect to
-          each head's gate, `mean over batches of |dL_batch/dgate_h|` (absolute
-          value per batch, batches weighted by their size), then divided by the
-          layer's L2 norm so that layers can be compared with each other.
-        - `"ablation"`: the rise of the loss over `data` when only that head's
-          gate is set to 0 (forward passes only). Negative when the model does
-          better without the head. Heads whose gate is already 0 score 0.
-        - `"magnitude"`: from the weights alone (no data). For query head `h` of
-          KV group `k = h // num_query_groups`:
-          `sqrt(|Wq[:, h]|^2 + |bq[h]|^2 + |Wo[h]|^2 + (|Wk[:, k]|^2 + |bk[k]|^2
-          + |Wv[:, k]|^2 + |bv[k]|^2) / num_query_groups)`, Frobenius norms: a
-          shared KV head's squared norm is split equally among the query heads
-          that read it, so the squared scores of a layer add up to the squared
-          norm of all its head-indexed weights. Gates are not included.
+    The methods (`method=`):
+
+    - `"taylor"` (Michel et al., 2019, "Are Sixteen Heads Really Better than
+      One?"): the expected absolute gradient of the loss with respect to
+      each head's gate, `mean over batches of |dL_batch/dgate_h|` (absolute
+      value per batch, batches weighted by their size), then divided by the
+      layer's L2 norm so that layers can be compared with each other.
+    - `"ablation"`: the rise of the loss over `data` when only that head's
+      gate is set to 0 (forward passes only). Negative when the model does
+      better without the head. Heads whose gate is already 0 score 0.
+    - `"magnitude"`: from the weights alone (no data). For query head `h` of
+      KV group `k = h // num_query_groups`:
+      `sqrt(|Wq[:, h]|^2 + |bq[h]|^2 + |Wo[h]|^2 + (|Wk[:, k]|^2 + |bk[k]|^2
+      + |Wv[:, k]|^2 + |bv[k]|^2) / num_query_groups)`, Frobenius norms: a
+      shared KV head's squared norm is split equally among the query heads
+      that read it, so the squared scores of a layer add up to the squared
+      norm of all its head-indexed weights. Gates are not included.
 
     The model is not changed: for Taylor and ablation scores the gates enter
     the forward pass as inputs of a pure function (`gate_gradients.GateLoss`).
@@ -81,8 +82,12 @@ def head_importance(
             NaN or infinite (a loss, gradient or weight that is not finite).
 
     Example:
-        >>> scores = head_importance(model, (x_val, y_val), method="taylor")
-        >>> scores["block_0/attention"].shape
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> x = np.random.default_rng(0).normal(size=(4, 8, 16)).astype("float32")
+        >>> scores = head_importance(model, (x, x), method="taylor", loss="mse")
+        >>> scores["attention"].shape
         (4,)
     """
     check_method(method)

@@ -63,10 +63,13 @@ class LabelCheck:
         argument: the data's argument name, for messages.
 
     Example:
+        >>> inputs = keras.Input((4,))
+        >>> model = keras.Model(inputs, keras.layers.Dense(3)(inputs))  # 3 classes
         >>> check = LabelCheck(model, keras.losses.get("sparse_categorical_crossentropy"))
-        >>> check(x, np.array([0, 1, 3]))  # a 3-class model
+        >>> check(np.ones((3, 4)), np.array([0, 1, 3]))
         Traceback (most recent call last):
-        PruningError: `data` has the label 3 (sparse_categorical_crossentropy), outside ...
+        ...
+        keras_mha.errors.PruningError: `data` has the label 3, outside the model's 3 classes ...
     """
 
     def __init__(self, model, loss, argument="data"):

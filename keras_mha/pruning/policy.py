@@ -45,6 +45,7 @@ class LayerState:
 
     Example:
         >>> LayerState("attention", num_heads=8, num_key_value_heads=2, pruned=frozenset({0}))
+        LayerState(path='attention', num_heads=8, num_key_value_heads=2, pruned=frozenset({0}))
     """
 
     path: str
@@ -137,7 +138,8 @@ def check_importance(states, importance):
     Example:
         >>> check_importance([LayerState("a", 2, 2)], {"a": np.array([0.5, np.nan])})
         Traceback (most recent call last):
-        PruningError: `importance['a']` has non-finite scores [nan] for heads [1]; ...
+        ...
+        keras_mha.errors.PruningError: `importance['a']` has non-finite scores [nan] for heads ...
     """
     if not isinstance(importance, Mapping):
         raise PruningError(
@@ -200,8 +202,8 @@ def removal_units(state, importance, gqa_policy):
 
     Example:
         >>> state = LayerState("a", num_heads=4, num_key_value_heads=2)
-        >>> removal_units(state, np.array([0.1, 0.4, 0.3, 0.2]), "query")
-        [(0.15, [0, 3])]
+        >>> removal_units(state, np.array([0.125, 0.5, 0.375, 0.25]), "query")
+        [(0.1875, [0, 3])]
     """
     check_policy(gqa_policy)
     groups = state.kept_by_group()
@@ -266,7 +268,8 @@ def check_target_reachable(target, states, scope, gqa_policy, min_heads_per_laye
     Example:
         >>> check_target_reachable(8, [LayerState("a", 8, 8)], "global", "group", 1)
         Traceback (most recent call last):
-        ValueError: `target`=8 asks to remove 8 of 8 heads, ...
+        ...
+        keras_mha.errors.PruningError: `target`=8 asks to remove 8 of 8 heads, ...
     """
     fresh = [LayerState(s.path, s.num_heads, s.num_key_value_heads) for s in states]
     wanted = target_heads(target, fresh, scope)

@@ -13,6 +13,10 @@ def layer_states(model):
     """A `policy.LayerState` per attention layer, with the heads gated off now.
 
     Example:
+        >>> from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> hidden = MultiHeadAttention(4, name="mha")(inputs)
+        >>> model = keras.Model(inputs, GroupedQueryAttention(4, 2, name="gqa")(hidden))
         >>> [state.path for state in layer_states(model)]
         ['mha', 'gqa']
     """
@@ -59,9 +63,12 @@ def heads_to_prune(
             scores that are missing, of the wrong shape, NaN or infinite.
 
     Example:
-        >>> scores = head_importance(model, data)
-        >>> heads = heads_to_prune(model, scores, target=0.3)
-        >>> prune_heads(model, heads=heads)
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> scores = {"attention": np.array([0.4, 0.1, 0.3, 0.2])}
+        >>> heads_to_prune(model, scores, target=0.5)
+        {'attention': [1, 3]}
     """
     policy.check_target(target)
     policy.check_scope(scope)

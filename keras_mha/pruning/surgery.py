@@ -66,10 +66,15 @@ def prune_heads(model, heads=None, recompile=True):
             Nothing is changed.
 
     Example:
-        >>> set_head_gates(model, {"block_0/attention": [1, 0, 1, 0]})
+        >>> from keras_mha.layers import MultiHeadAttention
+        >>> inputs = keras.Input((8, 16))
+        >>> model = keras.Model(inputs, MultiHeadAttention(4, name="attention")(inputs))
+        >>> from keras_mha.pruning import find_attention_layers, set_head_gates
+        >>> set_head_gates(model, {"attention": [1, 0, 1, 0]})
         >>> prune_heads(model)
-        {'block_0/attention': [1, 3]}
-        >>> model.save("pruned.keras")
+        {'attention': [1, 3]}
+        >>> find_attention_layers(model)["attention"].num_heads
+        2
     """
     check_flag("recompile", recompile)
     layers = require_attention_layers(model)

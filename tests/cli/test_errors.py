@@ -414,25 +414,6 @@ def test_an_offline_url_revision_the_bundled_card_lacks_names_the_url(capsys, hu
     assert hub.requests == []
 
 
-# -- README -----------------------------------------------------------------------------------
-
-
-def test_readme_error_table_matches_errors_py():
-    text = README.read_text()
-    section = text.split("### What keras-mha refuses, and how", 1)[1].split("\n### ", 1)[0]
-    rows = re.findall(r"^\| (\d+) \| `(\w+)` \|", section, flags=re.MULTILINE)
-    documented = {name: int(code) for code, name in rows}
-    expected = {error_class.__name__: error_class.exit_code for error_class in errors.ERROR_CLASSES}
-    assert {name: documented.get(name) for name in expected} == expected
-    assert set(documented) - set(expected) == set()
-    for code in (
-        errors.INTERNAL_ERROR_EXIT_CODE,
-        errors.INTERRUPTED_EXIT_CODE,
-        cli.EXIT_BROKEN_PIPE,
-    ):
-        assert re.search(rf"^\| {code} \|", section, flags=re.MULTILINE), code
-
-
 @pytest.mark.parametrize(
     "data, mention",
     [

@@ -1,5 +1,5 @@
-"""The README's plot command (it replaced examples/kv_cache_memory.py) runs end to end as a
-fresh process and writes a readable PNG of six bundled models' KV caches."""
+"""The model-cards guide's plot command (it replaced examples/kv_cache_memory.py) runs end to
+end as a fresh process and writes a readable PNG of six bundled models' KV caches."""
 
 import json
 import subprocess

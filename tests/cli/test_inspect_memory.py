@@ -210,12 +210,13 @@ def test_unknown_gpu_lists_the_known_ones_in_one_line(capsys):
 
 
 def test_readme_json_contract_example_is_the_commands_output(capsys):
-    """The README's JSON example (the contract) holds the numbers the command prints."""
+    """The JSON example of the JSON reference page (the contract) holds the numbers the
+    command prints."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("#### JSON output (`--format json`)", 1)[1]
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "json.md"
+    section = page.read_text(encoding="utf-8").split("## The contract", 1)[1]
     example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
     report = inspect_json(capsys, LLAMA_3, "--gpu", "h100")
 
@@ -243,14 +244,14 @@ def test_bench_inspect_refuses_bad_input_in_one_line(capsys):
 
 def test_bundled_cards_say_how_they_were_obtained():
     """Each card's source.json says it was copied or written from memory (never "as
-    published"), and the README's provenance list names exactly the cards compared with
-    copies found on GitHub."""
+    published"), and the provenance list of the bundled-cards page names exactly the cards
+    compared with copies found on GitHub."""
     from pathlib import Path
 
     from keras_mha.hub.bundled import bundled_source, list_bundled
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("#### Bundled cards", 1)[1].split("\n#### ", 1)[0]
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "cards.md"
+    section = page.read_text(encoding="utf-8")
     compared_bullet = section.split("**Written from memory, then compared", 1)[1].split("\n- ")[0]
     for repo_id in list_bundled():
         notes = bundled_source(repo_id)["notes"]
