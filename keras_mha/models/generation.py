@@ -22,7 +22,9 @@ round-off in the logits.
 Left-padded batches (`padding_mask` False at the start of short rows) work: padded
 keys are masked in every step, RoPE depends only on the distance between positions,
 and learned positions (GPT-2) are counted over each row's real tokens, so a row's
-tokens attend as in an unpadded run.
+tokens attend as in an unpadded run. A batch without padding passes no key mask at all,
+so the fused kernels apply the causal mask themselves (PyTorch's SDPA then skips the
+masked triangle, JAX and TensorFlow go blockwise on long prompts).
 
 Example:
     >>> from keras_mha.models import from_pretrained, generate, generation_stats
@@ -370,7 +372,9 @@ def generate(
 
     decoder = _decoder_for(model, compile_torch)
     with decoder.borrowed_caches(batch, max_length) as caches:
-        key_mask_tensor = keras.ops.convert_to_tensor(key_mask)
+        # Unpadded prompts need no key mask: causal attention alone, which the fused
+        # kernels compute without building a mask (and skip the masked triangle).
+        key_mask_tensor = None if mask.all() else keras.ops.convert_to_tensor(key_mask)
         logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
         finished = np.zeros(batch, dtype=bool)
         new_tokens = []
