@@ -208,7 +208,8 @@ def _rope(layer, tensors, start):
         x = tensor.float()
         rotating, passing = x[..., :rotary_dim], x[..., rotary_dim:]
         first, second = rotating[..., : rotary_dim // 2], rotating[..., rotary_dim // 2 :]
-        out = rotating * cos + torch.cat([-second, first], dim=-1) * sin
+        # `a * cos + b * sin`, each product written into a tensor made here.
+        out = (rotating * cos).add_(torch.cat([-second, first], dim=-1).mul_(sin))
         if rotary_dim < head_dim:
             out = torch.cat([out, passing], dim=-1)
         rotated.append(out.to(tensor.dtype))
