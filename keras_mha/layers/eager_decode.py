@@ -62,11 +62,65 @@ def applies(layer, inputs, cache, start, options):
 def call_directly(layer, query, cache, cache_index, attention_mask):
     """`layer(query, cache=..., cache_index=..., attention_mask=...)` without `__call__`.
 
-    Only where `can_skip_keras_call(...)` is True; the result is the same.
+    Only where `can_skip_keras_call(...)` is True; the result is the same. A cache this
+    layer already checked against a query of this batch, width and dtype goes straight
+    to `step` (the write position is still checked); anything else goes through
+    `layer.call`, whose checks, once passed, are remembered for the next step.
     """
     if not layer._called:
         layer._called = True  # what Layer.__call__ would record
-    return layer.call(query, attention_mask=attention_mask, cache=cache, cache_index=cache_index)
+    if attention_mask is None and _checked_before(layer, query, cache):
+        start = kv_cache.static_index(cache_index)
+        options = layer._attention_options(None, False, None)
+        if (
+            start is not None
+            and options.use_fused
+            and (layer.sliding_window is None or options.causal)
+        ):
+            kv_cache.check_static_write(start, query.shape[1], cache.max_length)
+            return step(layer, query, cache, start, None, options)
+    output, cache = layer.call(
+        query, attention_mask=attention_mask, cache=cache, cache_index=cache_index
+    )
+    _remember_checked(layer, query, cache)
+    return output, cache
+
+
+# layer -> (weak references to the key and value buffers of the cache it last checked,
+# and the query's and the layer's properties that check read).
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature(layer, query):
+    """What `GroupedQueryAttention._check_call` read from the query and the layer, beyond
+    the cache itself and the write position."""
+    return (
+        query.ndim,
+        query.shape[0],
+        query.shape[-1],
+        query.dtype,
+        layer._query_features,
+        layer.num_key_value_heads,
+        layer.head_dim,
+        layer.compute_dtype,
+    )
+
+
+def _checked_before(layer, query, cache):
+    known = _CHECKED.get(layer)
+    return (
+        known is not None
+        and type(cache) is kv_cache.KVCache
+        and known[0]() is cache.key
+        and known[1]() is cache.value
+        and known[2] == _signature(layer, query)
+    )
+
+
+def _remember_checked(layer, query, cache):
+    if type(cache) is kv_cache.KVCache:
+        references = weakref.ref(cache.key), weakref.ref(cache.value)
+        _CHECKED[layer] = (*references, _signature(layer, query))
 
 
 def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
@@ -173,10 +227,30 @@ def _on_meta_device():
     return str(core.get_device()) == "meta"
 
 
-def _linear(rows, kernel, bias):
-    """`rows` `(N, features)` times `kernel` viewed `(features, -1)`, plus `bias` in one addmm."""
-    matrix = kernel.reshape(rows.shape[1], -1)
+def _linear(rows, matrix, bias):
+    """`rows` `(N, features)` times `matrix` `(features, units)`, plus `bias` in one addmm."""
     return rows @ matrix if bias is None else bias.reshape(-1).addmm(rows, matrix)
+
+
+# layer -> (its query, key, value and output kernels, the same viewed as matrices).
+_MATRICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _projection_matrices(layer, read):
+    """The four kernels as `(inputs, outputs)` matrices (views), made again only when a
+    kernel's tensor changes: four reshapes cost about 2% of a single-token step."""
+    variables = (layer.query_kernel, layer.key_kernel, layer.value_kernel, layer.output_kernel)
+    kernels = tuple(read(kernel) for kernel in variables)
+    known = _MATRICES.get(layer)
+    if known is not None and all(old is new for old, new in zip(known[0], kernels, strict=True)):
+        return known[1]
+    *projections, output = kernels
+    matrices = (
+        *(kernel.reshape(kernel.shape[0], -1) for kernel in projections),
+        output.reshape(-1, output.shape[-1]),
+    )
+    _MATRICES[layer] = (kernels, matrices)
+    return matrices
 
 
 def _rms_norm(layer, heads, scale):
@@ -246,16 +320,15 @@ def step(layer, query, cache, start, attention_mask, options):
     read = _variable_reader()
     batch, length, head_dim = query.shape[0], query.shape[1], layer.head_dim
     rows = query.reshape(batch * length, -1)  # once for the three projections
-    biases = layer.use_bias
+    *matrices, output_matrix = _projection_matrices(layer, read)
+    biases = (
+        (read(layer.query_bias), read(layer.key_bias), read(layer.value_bias))
+        if layer.use_bias
+        else (None, None, None)
+    )
     q, k, v = (
-        _linear(rows, read(kernel), read(bias) if biases else None).view(
-            batch, length, -1, head_dim
-        )
-        for kernel, bias in (
-            (layer.query_kernel, getattr(layer, "query_bias", None)),
-            (layer.key_kernel, getattr(layer, "key_bias", None)),
-            (layer.value_kernel, getattr(layer, "value_bias", None)),
-        )
+        _linear(rows, matrix, bias).view(batch, length, -1, head_dim)
+        for matrix, bias in zip(matrices, biases, strict=True)
     )
     if layer.use_qk_norm:
         q = _rms_norm(layer, q, read(layer.query_norm_scale))
@@ -277,7 +350,7 @@ def step(layer, query, cache, start, attention_mask, options):
         )
     else:
         attended = _attend_chunk(layer, q, k, v, cache, start, attention_mask, options)
-    return _output(layer, attended, batch, length, read), cache
+    return _output(layer, attended, batch, length, read, output_matrix), cache
 
 
 def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
@@ -321,13 +394,13 @@ def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
     )
 
 
-def _output(layer, attended, batch, length, read):
-    """Head gates, then the output projection, as `GroupedQueryAttention._output`."""
+def _output(layer, attended, batch, length, read, matrix):
+    """Head gates, then the output projection (`matrix`), as `GroupedQueryAttention._output`."""
     gates = read(layer.head_gates)
     if not _all_ones(layer, gates):  # Gates at 1 (no pruning) leave the heads as they are.
         attended = attended * gates.to(attended.dtype)[:, None]
     bias = read(layer.output_bias) if layer.use_output_bias else None
-    output = _linear(attended.reshape(batch * length, -1), read(layer.output_kernel), bias)
+    output = _linear(attended.reshape(batch * length, -1), matrix, bias)
     return output.view(batch, length, -1)
 
 

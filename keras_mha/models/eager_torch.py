@@ -1,4 +1,4 @@
-"""Eager PyTorch calls of a whole model's leaf layers: dense, embedding, norms, activations.
+"""Eager PyTorch calls of a whole model's layers: dense, embedding, norms, attention, activations.
 
 In an eager PyTorch step each `keras.ops` call converts its arguments, checks for
 symbolic tensors and infers dtypes before it reaches torch; a decoder block's norms,
@@ -28,6 +28,12 @@ import functools
 import keras
 from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
+from keras_mha.layers import (
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiQueryAttention,
+    eager_decode,
+)
 from keras_mha.models.blocks import RMSNorm
 from keras_mha.models.direct_calls import EagerCalls
 from keras_mha.models.supported import ACTIVATIONS
@@ -105,12 +111,25 @@ def layer_norm(layer, inputs):
     return outputs.to(inputs.dtype)
 
 
+def attention(layer, query, attention_mask=None, cache=None, cache_index=None, **kwargs):
+    """`GroupedQueryAttention.call`; on a KV cache, `eager_decode.call_directly`: a cache
+    the layer checked at an earlier step goes straight to its eager step."""
+    if cache is None or kwargs:
+        return layer.call(
+            query, attention_mask=attention_mask, cache=cache, cache_index=cache_index, **kwargs
+        )
+    return eager_decode.call_directly(layer, query, cache, cache_index, attention_mask)
+
+
 #: Layer class (exact) -> its eager torch call.
 LAYER_CALLS = {
     keras.layers.Dense: dense,
     keras.layers.Embedding: embedding,
     keras.layers.LayerNormalization: layer_norm,
     RMSNorm: rms_norm,
+    GroupedQueryAttention: attention,
+    MultiHeadAttention: attention,
+    MultiQueryAttention: attention,
 }
 
 
@@ -198,6 +217,7 @@ __all__ = [
     "LAYER_CALLS",
     "activation",
     "add_into",
+    "attention",
     "dense",
     "eager_calls",
     "embedding",

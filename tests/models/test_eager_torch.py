@@ -98,10 +98,10 @@ def test_layers_outside_what_the_fast_calls_cover_keep_their_keras_call():
 # norms, sandwich norms and soft caps (Gemma 2); LayerNorms with biases, a plain MLP with
 # biases, learned positions and fused q/k/v (GPT-2); a parallel residual (GPT-NeoX).
 TRAITS = {
-    "llama": {"Dense", "Embedding", "RMSNorm"},
-    "gemma2": {"Dense", "Embedding", "RMSNorm"},
-    "gpt2": {"Dense", "Embedding", "LayerNormalization"},
-    "gpt_neox": {"Dense", "Embedding", "LayerNormalization"},
+    "llama": {"Dense", "Embedding", "RMSNorm", "GroupedQueryAttention"},
+    "gemma2": {"Dense", "Embedding", "RMSNorm", "GroupedQueryAttention"},
+    "gpt2": {"Dense", "Embedding", "LayerNormalization", "MultiHeadAttention"},
+    "gpt_neox": {"Dense", "Embedding", "LayerNormalization", "MultiHeadAttention"},
 }
 
 
