@@ -77,8 +77,10 @@ def call_directly(layer, query, cache, cache_index, attention_mask):
             and options.use_fused
             and (layer.sliding_window is None or options.causal)
         ):
-            kv_cache.check_static_write(start, query.shape[1], cache.max_length)
-            return step(layer, query, cache, start, None, options)
+            kv_cache.check_static_write(start, query.shape[1], cache.key.shape[2])
+            # `can_skip_keras_call` found no Keras scope: variables hold their values.
+            read = _keras_value if _on_meta_device() else _stored_value
+            return step(layer, query, cache, start, None, options, read)
     output, cache = layer.call(
         query, attention_mask=attention_mask, cache=cache, cache_index=cache_index
     )
@@ -153,11 +155,12 @@ def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
         return False
     if not isinstance(query, torch.Tensor) or getattr(query, "_keras_mask", None) is not None:
         return False
-    if kv_cache.dtype_name(query.dtype) != layer.compute_dtype:
-        return False
     if type(cache) not in (tuple, list, kv_cache.KVCache) or len(cache) != 2:
         return False
-    if not all(isinstance(b, torch.Tensor) and b.dtype == query.dtype for b in cache):
+    key, value = cache
+    if not (isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)):
+        return False
+    if key.dtype != query.dtype or value.dtype != query.dtype:
         return False
     # Anything but an integer index takes the general path, which refuses it.
     if isinstance(cache_index, torch.Tensor):
@@ -169,20 +172,22 @@ def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
         isinstance(attention_mask, torch.Tensor) and not attention_mask.is_floating_point()
     ):
         return False
-    return not layer.dropout and _layer_call_is_plain(layer)
+    return not layer.dropout and _layer_call_is_plain(layer, query.dtype)
 
 
-def _layer_call_is_plain(layer):
-    """No Keras or torch machinery of `__call__` is active for `layer` (see above)."""
+def _layer_call_is_plain(layer, dtype):
+    """No Keras or torch machinery of `__call__` is active for `layer` (see above), whose
+    compute dtype is `dtype` (a torch dtype)."""
     module = _torch().nn.modules.module
     if not layer.built or layer._parent_path is None or layer.input_spec is not None:
         return False
-    if getattr(layer, "quantization_mode", None) is not None or layer._remat_mode:
+    policy = layer.dtype_policy
+    if policy.quantization_mode is not None or layer._remat_mode:
         return False
     if layer.activity_regularizer is not None:
         return False
-    policy = layer.dtype_policy
-    if policy.compute_dtype != policy.variable_dtype:
+    compute_dtype = policy.compute_dtype
+    if compute_dtype != policy.variable_dtype or kv_cache.dtype_name(dtype) != compute_dtype:
         return False
     if get_autocast_scope() is not None or in_stateless_scope() or in_symbolic_scope():
         return False
@@ -239,17 +244,24 @@ _MATRICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _projection_matrices(layer, read):
     """The four kernels as `(inputs, outputs)` matrices (views), made again only when a
     kernel's tensor changes: four reshapes cost about 2% of a single-token step."""
-    variables = (layer.query_kernel, layer.key_kernel, layer.value_kernel, layer.output_kernel)
-    kernels = tuple(read(kernel) for kernel in variables)
+    query = read(layer.query_kernel)
+    key = read(layer.key_kernel)
+    value = read(layer.value_kernel)
+    output = read(layer.output_kernel)
     known = _MATRICES.get(layer)
-    if known is not None and all(old is new for old, new in zip(known[0], kernels, strict=True)):
-        return known[1]
-    *projections, output = kernels
+    if known is not None:
+        kernels, matrices = known
+        if kernels[0] is query and kernels[1] is key and kernels[2] is value:
+            if kernels[3] is output:
+                return matrices
     matrices = (
-        *(kernel.reshape(kernel.shape[0], -1) for kernel in projections),
+        query.reshape(query.shape[0], -1),
+        key.reshape(key.shape[0], -1),
+        value.reshape(value.shape[0], -1),
         output.reshape(-1, output.shape[-1]),
     )
-    _MATRICES[layer] = (kernels, matrices)
+    # Until the next step, this keeps the kernels it saw (the variables' own tensors).
+    _MATRICES[layer] = ((query, key, value, output), matrices)
     return matrices
 
 
@@ -312,24 +324,25 @@ def _rotation(frequencies, inv_freq, start, tensor):
     return cos, sin
 
 
-def step(layer, query, cache, start, attention_mask, options):
+def step(layer, query, cache, start, attention_mask, options, read=None):
     """`(output, cache)` of self-attention with `cache` written at `start` (a Python int).
 
-    `cache` is a checked `KVCache`; `options` the call's `attention_paths.AttentionOptions`.
+    `cache` is a checked `KVCache`; `options` the call's `attention_paths.AttentionOptions`;
+    `read(variable)` gives a variable's tensor (default: as `_variable_reader` finds).
     """
-    read = _variable_reader()
+    read = read or _variable_reader()
     batch, length, head_dim = query.shape[0], query.shape[1], layer.head_dim
     rows = query.reshape(batch * length, -1)  # once for the three projections
-    *matrices, output_matrix = _projection_matrices(layer, read)
-    biases = (
-        (read(layer.query_bias), read(layer.key_bias), read(layer.value_bias))
-        if layer.use_bias
-        else (None, None, None)
-    )
-    q, k, v = (
-        _linear(rows, matrix, bias).view(batch, length, -1, head_dim)
-        for matrix, bias in zip(matrices, biases, strict=True)
-    )
+    query_matrix, key_matrix, value_matrix, output_matrix = _projection_matrices(layer, read)
+    if layer.use_bias:
+        q = _linear(rows, query_matrix, read(layer.query_bias))
+        k = _linear(rows, key_matrix, read(layer.key_bias))
+        v = _linear(rows, value_matrix, read(layer.value_bias))
+    else:
+        q, k, v = rows @ query_matrix, rows @ key_matrix, rows @ value_matrix
+    q = q.view(batch, length, -1, head_dim)
+    k = k.view(batch, length, -1, head_dim)
+    v = v.view(batch, length, -1, head_dim)
     if layer.use_qk_norm:
         q = _rms_norm(layer, q, read(layer.query_norm_scale))
         k = _rms_norm(layer, k, read(layer.key_norm_scale))
