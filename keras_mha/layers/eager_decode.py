@@ -62,11 +62,67 @@ def applies(layer, inputs, cache, start, options):
 def call_directly(layer, query, cache, cache_index, attention_mask):
     """`layer(query, cache=..., cache_index=..., attention_mask=...)` without `__call__`.
 
-    Only where `can_skip_keras_call(...)` is True; the result is the same.
+    Only where `can_skip_keras_call(...)` is True; the result is the same. A cache this
+    layer already checked against a query of this batch, width and dtype goes straight
+    to `step` (the write position is still checked); anything else goes through
+    `layer.call`, whose checks, once passed, are remembered for the next step.
     """
     if not layer._called:
         layer._called = True  # what Layer.__call__ would record
-    return layer.call(query, attention_mask=attention_mask, cache=cache, cache_index=cache_index)
+    if attention_mask is None and _checked_before(layer, query, cache):
+        start = kv_cache.static_index(cache_index)
+        options = layer._attention_options(None, False, None)
+        if (
+            start is not None
+            and options.use_fused
+            and (layer.sliding_window is None or options.causal)
+        ):
+            kv_cache.check_static_write(start, query.shape[1], cache.key.shape[2])
+            # `can_skip_keras_call` found no Keras scope: variables hold their values.
+            read = _keras_value if _on_meta_device() else _stored_value
+            return step(layer, query, cache, start, None, options, read)
+    output, cache = layer.call(
+        query, attention_mask=attention_mask, cache=cache, cache_index=cache_index
+    )
+    _remember_checked(layer, query, cache)
+    return output, cache
+
+
+# layer -> (weak references to the key and value buffers of the cache it last checked,
+# and the query's and the layer's properties that check read).
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature(layer, query):
+    """What `GroupedQueryAttention._check_call` read from the query and the layer, beyond
+    the cache itself and the write position."""
+    return (
+        query.ndim,
+        query.shape[0],
+        query.shape[-1],
+        query.dtype,
+        layer._query_features,
+        layer.num_key_value_heads,
+        layer.head_dim,
+        layer.compute_dtype,
+    )
+
+
+def _checked_before(layer, query, cache):
+    known = _CHECKED.get(layer)
+    return (
+        known is not None
+        and type(cache) is kv_cache.KVCache
+        and known[0]() is cache.key
+        and known[1]() is cache.value
+        and known[2] == _signature(layer, query)
+    )
+
+
+def _remember_checked(layer, query, cache):
+    if type(cache) is kv_cache.KVCache:
+        references = weakref.ref(cache.key), weakref.ref(cache.value)
+        _CHECKED[layer] = (*references, _signature(layer, query))
 
 
 def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
@@ -99,11 +155,12 @@ def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
         return False
     if not isinstance(query, torch.Tensor) or getattr(query, "_keras_mask", None) is not None:
         return False
-    if kv_cache.dtype_name(query.dtype) != layer.compute_dtype:
-        return False
     if type(cache) not in (tuple, list, kv_cache.KVCache) or len(cache) != 2:
         return False
-    if not all(isinstance(b, torch.Tensor) and b.dtype == query.dtype for b in cache):
+    key, value = cache
+    if not (isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)):
+        return False
+    if key.dtype != query.dtype or value.dtype != query.dtype:
         return False
     # Anything but an integer index takes the general path, which refuses it.
     if isinstance(cache_index, torch.Tensor):
@@ -115,20 +172,22 @@ def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
         isinstance(attention_mask, torch.Tensor) and not attention_mask.is_floating_point()
     ):
         return False
-    return not layer.dropout and _layer_call_is_plain(layer)
+    return not layer.dropout and _layer_call_is_plain(layer, query.dtype)
 
 
-def _layer_call_is_plain(layer):
-    """No Keras or torch machinery of `__call__` is active for `layer` (see above)."""
+def _layer_call_is_plain(layer, dtype):
+    """No Keras or torch machinery of `__call__` is active for `layer` (see above), whose
+    compute dtype is `dtype` (a torch dtype)."""
     module = _torch().nn.modules.module
     if not layer.built or layer._parent_path is None or layer.input_spec is not None:
         return False
-    if getattr(layer, "quantization_mode", None) is not None or layer._remat_mode:
+    policy = layer.dtype_policy
+    if policy.quantization_mode is not None or layer._remat_mode:
         return False
     if layer.activity_regularizer is not None:
         return False
-    policy = layer.dtype_policy
-    if policy.compute_dtype != policy.variable_dtype:
+    compute_dtype = policy.compute_dtype
+    if compute_dtype != policy.variable_dtype or kv_cache.dtype_name(dtype) != compute_dtype:
         return False
     if get_autocast_scope() is not None or in_stateless_scope() or in_symbolic_scope():
         return False
@@ -173,10 +232,37 @@ def _on_meta_device():
     return str(core.get_device()) == "meta"
 
 
-def _linear(rows, kernel, bias):
-    """`rows` `(N, features)` times `kernel` viewed `(features, -1)`, plus `bias` in one addmm."""
-    matrix = kernel.reshape(rows.shape[1], -1)
+def _linear(rows, matrix, bias):
+    """`rows` `(N, features)` times `matrix` `(features, units)`, plus `bias` in one addmm."""
     return rows @ matrix if bias is None else bias.reshape(-1).addmm(rows, matrix)
+
+
+# layer -> (its query, key, value and output kernels, the same viewed as matrices).
+_MATRICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _projection_matrices(layer, read):
+    """The four kernels as `(inputs, outputs)` matrices (views), made again only when a
+    kernel's tensor changes: four reshapes cost about 2% of a single-token step."""
+    query = read(layer.query_kernel)
+    key = read(layer.key_kernel)
+    value = read(layer.value_kernel)
+    output = read(layer.output_kernel)
+    known = _MATRICES.get(layer)
+    if known is not None:
+        kernels, matrices = known
+        if kernels[0] is query and kernels[1] is key and kernels[2] is value:
+            if kernels[3] is output:
+                return matrices
+    matrices = (
+        query.reshape(query.shape[0], -1),
+        key.reshape(key.shape[0], -1),
+        value.reshape(value.shape[0], -1),
+        output.reshape(-1, output.shape[-1]),
+    )
+    # Until the next step, this keeps the kernels it saw (the variables' own tensors).
+    _MATRICES[layer] = ((query, key, value, output), matrices)
+    return matrices
 
 
 def _rms_norm(layer, heads, scale):
@@ -208,7 +294,8 @@ def _rope(layer, tensors, start):
         x = tensor.float()
         rotating, passing = x[..., :rotary_dim], x[..., rotary_dim:]
         first, second = rotating[..., : rotary_dim // 2], rotating[..., rotary_dim // 2 :]
-        out = rotating * cos + torch.cat([-second, first], dim=-1) * sin
+        # `a * cos + b * sin`, each product written into a tensor made here.
+        out = (rotating * cos).add_(torch.cat([-second, first], dim=-1).mul_(sin))
         if rotary_dim < head_dim:
             out = torch.cat([out, passing], dim=-1)
         rotated.append(out.to(tensor.dtype))
@@ -237,25 +324,25 @@ def _rotation(frequencies, inv_freq, start, tensor):
     return cos, sin
 
 
-def step(layer, query, cache, start, attention_mask, options):
+def step(layer, query, cache, start, attention_mask, options, read=None):
     """`(output, cache)` of self-attention with `cache` written at `start` (a Python int).
 
-    `cache` is a checked `KVCache`; `options` the call's `attention_paths.AttentionOptions`.
+    `cache` is a checked `KVCache`; `options` the call's `attention_paths.AttentionOptions`;
+    `read(variable)` gives a variable's tensor (default: as `_variable_reader` finds).
     """
-    read = _variable_reader()
+    read = read or _variable_reader()
     batch, length, head_dim = query.shape[0], query.shape[1], layer.head_dim
     rows = query.reshape(batch * length, -1)  # once for the three projections
-    biases = layer.use_bias
-    q, k, v = (
-        _linear(rows, read(kernel), read(bias) if biases else None).view(
-            batch, length, -1, head_dim
-        )
-        for kernel, bias in (
-            (layer.query_kernel, getattr(layer, "query_bias", None)),
-            (layer.key_kernel, getattr(layer, "key_bias", None)),
-            (layer.value_kernel, getattr(layer, "value_bias", None)),
-        )
-    )
+    query_matrix, key_matrix, value_matrix, output_matrix = _projection_matrices(layer, read)
+    if layer.use_bias:
+        q = _linear(rows, query_matrix, read(layer.query_bias))
+        k = _linear(rows, key_matrix, read(layer.key_bias))
+        v = _linear(rows, value_matrix, read(layer.value_bias))
+    else:
+        q, k, v = rows @ query_matrix, rows @ key_matrix, rows @ value_matrix
+    q = q.view(batch, length, -1, head_dim)
+    k = k.view(batch, length, -1, head_dim)
+    v = v.view(batch, length, -1, head_dim)
     if layer.use_qk_norm:
         q = _rms_norm(layer, q, read(layer.query_norm_scale))
         k = _rms_norm(layer, k, read(layer.key_norm_scale))
@@ -276,7 +363,7 @@ def step(layer, query, cache, start, attention_mask, options):
         )
     else:
         attended = _attend_chunk(layer, q, k, v, cache, start, attention_mask, options)
-    return _output(layer, attended, batch, length, read), cache
+    return _output(layer, attended, batch, length, read, output_matrix), cache
 
 
 def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
@@ -320,13 +407,13 @@ def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
     )
 
 
-def _output(layer, attended, batch, length, read):
-    """Head gates, then the output projection, as `GroupedQueryAttention._output`."""
+def _output(layer, attended, batch, length, read, matrix):
+    """Head gates, then the output projection (`matrix`), as `GroupedQueryAttention._output`."""
     gates = read(layer.head_gates)
     if not _all_ones(layer, gates):  # Gates at 1 (no pruning) leave the heads as they are.
         attended = attended * gates.to(attended.dtype)[:, None]
     bias = read(layer.output_bias) if layer.use_output_bias else None
-    output = _linear(attended.reshape(batch * length, -1), read(layer.output_kernel), bias)
+    output = _linear(attended.reshape(batch * length, -1), matrix, bias)
     return output.view(batch, length, -1)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_mha.models.direct_calls import activate, run
+from keras_mha.models.direct_calls import activate, add_into, multiply_into, run
 from keras_mha.models.supported import ACTIVATIONS
 
 
@@ -223,11 +223,12 @@ class DecoderBlock(keras.layers.Layer):
             )
         if self.post_attention_norm is not None:
             attended = run(self.post_attention_norm, attended)
+        # `add_into(fresh, x)` is `x + fresh`; eager PyTorch writes it into `fresh`.
         if self.parallel_residual:
-            outputs = inputs + attended + self._mlp(inputs)
+            outputs = add_into(add_into(attended, inputs), self._mlp(inputs))
         else:
-            hidden = inputs + attended
-            outputs = hidden + self._mlp(hidden)
+            hidden = add_into(attended, inputs)
+            outputs = add_into(self._mlp(hidden), hidden)
         return outputs if cache is None else (outputs, cache)
 
     def _mlp(self, inputs):
@@ -236,7 +237,8 @@ class DecoderBlock(keras.layers.Layer):
         if self.gate_proj is None:
             hidden = self._activate(run(self.up_proj, normed))
         else:
-            hidden = self._activate(run(self.gate_proj, normed)) * run(self.up_proj, normed)
+            gate = self._activate(run(self.gate_proj, normed))
+            hidden = multiply_into(gate, run(self.up_proj, normed))
         mlp = run(self.down_proj, hidden)
         if self.post_mlp_norm is not None:
             mlp = run(self.post_mlp_norm, mlp)

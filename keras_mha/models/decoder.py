@@ -267,7 +267,9 @@ class DecoderModel(CheckedInputs, keras.Model):
 
         Args:
             token_ids: `(B, T)` new tokens.
-            key_mask: boolean `(B, max_length)`: False at padded prompt positions.
+            key_mask: boolean `(B, max_length)`: False at padded prompt positions; None
+                when no position is padded (the attention is then plainly causal, which
+                the fused kernels compute without a mask).
             caches: from `init_caches` (or a previous call).
             cache_index: position of the first new token.
             logits_to_keep: as in `call` (`generate`'s prefill keeps 1).
@@ -277,9 +279,12 @@ class DecoderModel(CheckedInputs, keras.Model):
         if self.position_embedding is not None:
             # The new tokens' columns of the positions over the whole cache.
             columns = cache_index + ops.arange(ops.shape(token_ids)[1], dtype="int32")
-            positions = ops.take(self.positions(key_mask, None), columns, axis=1)
+            if key_mask is None:
+                positions = columns[None, :]
+            else:
+                positions = ops.take(self.positions(key_mask, None), columns, axis=1)
         hidden = self.embed(token_ids, positions)
-        attention_mask = ops.cast(key_mask, "bool")[:, None, :]
+        attention_mask = self._key_mask(key_mask)
         new_caches = []
         for block, cache in zip(self.blocks, caches, strict=True):
             hidden, cache = run(

@@ -22,7 +22,9 @@ round-off in the logits.
 Left-padded batches (`padding_mask` False at the start of short rows) work: padded
 keys are masked in every step, RoPE depends only on the distance between positions,
 and learned positions (GPT-2) are counted over each row's real tokens, so a row's
-tokens attend as in an unpadded run.
+tokens attend as in an unpadded run. A batch without padding passes no key mask at all,
+so the fused kernels apply the causal mask themselves (PyTorch's SDPA then skips the
+masked triangle, JAX and TensorFlow go blockwise on long prompts).
 
 Example:
     >>> from keras_mha.models import from_pretrained, generate, generation_stats
@@ -36,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 
 import keras
@@ -73,6 +76,7 @@ class _CompiledDecoder:
         # TensorFlow: the cache variables of finished calls, by (batch, cache length):
         # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
         self._spare_caches = {}
+        self._cache_factories = {}  # JAX: (batch, cache length) -> compiled init_caches
         self._prefill, self._step = self._make()
 
     @contextlib.contextmanager
@@ -81,7 +85,7 @@ class _CompiledDecoder:
         an earlier call of the same shape (a call running beside it gets new ones)."""
         caches = self._spare_caches.pop((batch, max_length), None)
         if caches is None:
-            caches = self.model.init_caches(batch, max_length, variables=self.variable_caches)
+            caches = self._new_caches(batch, max_length)
         else:
             for buffer in keras.tree.flatten(caches):
                 buffer.assign(keras.ops.zeros(buffer.shape, buffer.dtype))
@@ -90,6 +94,19 @@ class _CompiledDecoder:
         finally:
             if self.variable_caches:
                 self._spare_caches[batch, max_length] = caches
+
+    def _new_caches(self, batch, max_length):
+        if self.backend != "jax":
+            return self.model.init_caches(batch, max_length, variables=self.variable_caches)
+        # One compiled call makes every buffer: made one by one, each a dispatch, they
+        # took about a tenth of a 64-token CPU prefill.
+        make = self._cache_factories.get((batch, max_length))
+        if make is None:
+            import jax
+
+            make = jax.jit(functools.partial(self.model.init_caches, batch, max_length))
+            self._cache_factories[batch, max_length] = make
+        return make()
 
     # The model's forward on the cache; `index` is 0 for prefill. Only the last
     # position's logits are computed: the LM head over the whole prompt is wasted work.
@@ -370,7 +387,9 @@ def generate(
 
     decoder = _decoder_for(model, compile_torch)
     with decoder.borrowed_caches(batch, max_length) as caches:
-        key_mask_tensor = keras.ops.convert_to_tensor(key_mask)
+        # Unpadded prompts need no key mask: causal attention alone, which the fused
+        # kernels compute without building a mask (and skip the masked triangle).
+        key_mask_tensor = None if mask.all() else keras.ops.convert_to_tensor(key_mask)
         logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
         finished = np.zeros(batch, dtype=bool)
         new_tokens = []

@@ -197,11 +197,23 @@ def test_direct_call_still_checks_its_arguments():
     function = layer.make_decode_function()
     x = ops.convert_to_tensor(random_inputs(1, 5, FEATURES, seed=7))
     cache = new_cache(layer, 1)
-    with pytest.raises(ValueError, match="overruns the cache"):
-        function(x[:, :1], cache, MAX_LENGTH)
-    with pytest.raises(ValueError, match="features"):
-        function(torch.zeros(1, 1, FEATURES + 1), cache, PREFILL)
+    for warm in (False, True):  # warm: the layer checked this cache at an earlier step
+        if warm:
+            with torch.no_grad():
+                function(x[:, :PREFILL], cache, 0)
+        with pytest.raises(ValueError, match="overruns the cache"):
+            function(x[:, :1], cache, MAX_LENGTH)
+        with pytest.raises(ValueError, match="overruns the cache"):
+            function(x[:, :1], cache, torch.tensor(MAX_LENGTH))
+        with pytest.raises(ValueError, match="features"):
+            function(torch.zeros(1, 1, FEATURES + 1), cache, PREFILL)
+        with pytest.raises(ValueError, match="cache"):
+            function(torch.zeros(2, 1, FEATURES), cache, PREFILL)  # another batch
+        with pytest.raises(ValueError, match="cache"):
+            function(x[:, :1], (cache.key[:1, :1], cache.value[:1, :1]), PREFILL)
+        with pytest.raises(ValueError, match="cache_index"):
+            function(x[:, :1], cache, True)
+    # The layer changed under the cache it checked: fewer KV heads than the cache holds.
+    layer.convert_kv_heads(1)
     with pytest.raises(ValueError, match="cache"):
-        function(x[:, :1], (cache.key[:1, :1], cache.value[:1, :1]), PREFILL)
-    with pytest.raises(ValueError, match="cache_index"):
-        function(x[:, :1], cache, True)
+        function(x[:, :1], cache, PREFILL)

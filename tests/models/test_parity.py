@@ -86,3 +86,5 @@ def test_greedy_generation_equals_transformers(loaded, case):
         else:  # Eager PyTorch: the blocks' sub-layers were called directly.
             assert stats["direct_calls"] is True, stats
         assert stats["step_calls"] == 2 * (NEW_TOKENS - 1)
+    # Row 0 is unpadded: alone, it runs with no key mask (plain causal attention).
+    np.testing.assert_array_equal(generate(model, prompt[:1], NEW_TOKENS), expected[:1])
