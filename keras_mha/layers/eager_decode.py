@@ -29,7 +29,7 @@ import keras
 import numpy as np
 from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
-from keras_mha.layers import attention_kernels, attention_paths, kv_cache, masks
+from keras_mha.layers import attention_kernels, attention_paths, kv_cache, masks, padding_masks
 
 # RotaryEmbedding layer -> {(rotary_dim, device): inverse frequencies as a tensor}.
 _FREQUENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -62,9 +62,10 @@ def applies(layer, inputs, cache, start, options):
 def call_directly(layer, query, cache, cache_index, attention_mask):
     """`layer(query, cache=..., cache_index=..., attention_mask=...)` without `__call__`.
 
-    Only where `can_skip_keras_call(...)` is True; the result is the same. A cache this
-    layer already checked against a query of this batch, width and dtype goes straight
-    to `step` (the write position is still checked); anything else goes through
+    Only where Keras's `__call__` would add nothing (`can_skip_keras_call(...)`, or a
+    model's `direct_calls`); the result is the same. A cache this layer already checked
+    against a query of this batch, width and dtype goes straight to `step` where
+    `applies` (the write position is still checked); anything else goes through
     `layer.call`, whose checks, once passed, are remembered for the next step.
     """
     if not layer._called:
@@ -72,11 +73,7 @@ def call_directly(layer, query, cache, cache_index, attention_mask):
     if attention_mask is None and _checked_before(layer, query, cache):
         start = kv_cache.static_index(cache_index)
         options = layer._attention_options(None, False, None)
-        if (
-            start is not None
-            and options.use_fused
-            and (layer.sliding_window is None or options.causal)
-        ):
+        if applies(layer, padding_masks.gather(query), cache, start, options):
             kv_cache.check_static_write(start, query.shape[1], cache.key.shape[2])
             # `can_skip_keras_call` found no Keras scope: variables hold their values.
             read = _keras_value if _on_meta_device() else _stored_value
@@ -243,7 +240,7 @@ _MATRICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _projection_matrices(layer, read):
     """The four kernels as `(inputs, outputs)` matrices (views), made again only when a
-    kernel's tensor changes: four reshapes cost about 2% of a single-token step."""
+    kernel's tensor changes, not reshaped at every step."""
     query = read(layer.query_kernel)
     key = read(layer.key_kernel)
     value = read(layer.value_kernel)

@@ -13,8 +13,7 @@ a norm over several axes, mixed dtypes) goes to its `call`. The attention layers
 their own eager step (`keras_mha.layers.eager_decode`). The activations, the norms'
 scaling and the block's residual sums and gated product (`add_into`, `multiply_into`)
 write into a tensor the step has just made: the same values, without allocating another
-tensor of the activations' size each time (at a 512-token CPU prefill, the fresh pages
-for those cost about 15% of the prefill).
+tensor of the activations' size each time (docs/benchmarks.md says what that saves).
 
 Example:
     >>> with direct_calls(True, eager_calls()):  # doctest: +SKIP

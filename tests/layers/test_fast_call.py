@@ -217,3 +217,20 @@ def test_direct_call_still_checks_its_arguments():
     layer.convert_kv_heads(1)
     with pytest.raises(ValueError, match="cache"):
         function(x[:, :1], cache, PREFILL)
+
+
+@TORCH_ONLY
+def test_a_checked_cache_with_autograd_on_takes_the_general_path():
+    """The checked-cache shortcut still asks `applies`: with autograd on and weights that
+    need a gradient the step is not written in place (the general path copies)."""
+    import torch
+
+    layer = built_layer()
+    function = layer.make_decode_function()
+    x = ops.convert_to_tensor(random_inputs(1, PREFILL + 1, FEATURES, seed=8))
+    cache = new_cache(layer, 1)
+    with torch.no_grad():
+        _, cache = function(x[:, :PREFILL], cache, 0)  # the layer checked this cache
+    output, written = eager_decode.call_directly(layer, x[:, PREFILL:], cache, PREFILL, None)
+    assert output.requires_grad
+    assert written.key is not cache.key and not cache.key.requires_grad
