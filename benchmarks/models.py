@@ -333,6 +333,8 @@ def model_results(arguments) -> dict:
         reference = transformers.AutoModelForCausalLM.from_config(
             hf_config, dtype=getattr(torch, dtype)
         ).eval()
+    # transformers runs where torch's fast device is, as keras-mha runs on Keras's.
+    torch_device = "cuda" if torch.cuda.is_available() else "cpu"
     rng = np.random.default_rng(0)
     ids = rng.integers(0, config["vocab_size"], (arguments.batch, arguments.prompt_length))
     ids = ids.astype("int32")
@@ -359,10 +361,11 @@ def model_results(arguments) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
         model = from_pretrained(folder, dtype=dtype)
+    reference.to(torch_device)
     new = arguments.new_tokens
     contenders = {OURS: (lambda: generate(model, ids, 1), lambda: generate(model, ids, new))}
     if not arguments.no_transformers:
-        torch_ids = torch.from_numpy(ids.astype("int64"))
+        torch_ids = torch.from_numpy(ids.astype("int64")).to(torch_device)
 
         def theirs(count):
             def run():
@@ -374,6 +377,8 @@ def model_results(arguments) -> dict:
                         do_sample=False,
                         pad_token_id=0,
                     )
+                if torch_device == "cuda":
+                    torch.cuda.synchronize()  # keras-mha's generate returns NumPy: finished
 
             return run
 
@@ -393,6 +398,7 @@ def model_results(arguments) -> dict:
         results["paired"] = paired_ratios(results[OURS], results[THEIRS])
     results["rounds"] = arguments.rounds
     results["machine"] = machine()
+    results["machine"]["device"] = device_name()
     results["config"] = config
     return results
 
@@ -410,6 +416,31 @@ def machine() -> dict:
     }
 
 
+def device_name() -> str:
+    """The accelerator keras-mha computed on (its name), or "cpu".
+
+    Example:
+        >>> isinstance(device_name(), str)
+        True
+    """
+    import keras
+
+    name = keras.backend.backend()
+    if name == "torch":
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    if name == "jax":
+        import jax
+
+        first = jax.devices()[0]
+        return first.device_kind if first.platform != "cpu" else "cpu"
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name if gpus else "cpu"
+
+
 def _ratio_cell(paired: dict | None) -> str:
     if paired is None:
         return "-"
@@ -425,6 +456,11 @@ def _rate_cell(row: dict | None, phase: str) -> str:
     return f"{row[f'{phase}_tokens_per_second']:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
+def _device_clause(machine: dict) -> str:
+    device = machine.get("device", "cpu")
+    return "" if device == "cpu" else f", {device}"
+
+
 def render(reports: list[dict], arguments, markdown: bool = False) -> str:
     """One row per backend: keras-mha's and transformers' tokens/s and the paired ratio,
     each as the median over the rounds with the quartiles in parentheses."""
@@ -437,7 +473,8 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
         f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
         f"{first['parameters'] / 1e6:.1f}M parameters, {first['dtype']}; batch "
         f"{arguments.batch}, prompt {arguments.prompt_length}, {arguments.new_tokens} new "
-        f"tokens; {first['machine']['processor']}, {first['machine']['cpus']} CPUs, "
+        f"tokens; {first['machine']['processor']}, {first['machine']['cpus']} CPUs"
+        f"{_device_clause(first['machine'])}, "
         f"{first['machine']['date']}",
         f"medians of {arguments.rounds} rounds, quartiles in parentheses; ratio = keras-mha / "
         f"transformers tok/s in the same round (above 1: keras-mha faster)",
