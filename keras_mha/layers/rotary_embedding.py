@@ -6,6 +6,7 @@ feature `i` of the rotated part pairs with feature `i + rotary_dim / 2`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import keras
@@ -123,6 +124,29 @@ def inverse_frequencies(rotary_dim, max_wavelength=10000.0, rope_scaling=None):
     return inv_freq
 
 
+# Backends whose compiled graphs get the angles of positions 0 .. T - 1 as constants: XLA
+# folds no sine of an iota, and it recomputed the angles inside every fusion that reads
+# them (136 sines in a 512-token prefill of 8 layers). torch.compile breaks on NumPy
+# constants, and TensorFlow's compiled prefill ran no faster with them.
+CONSTANT_TABLE_BACKENDS = ("jax",)
+
+
+@functools.lru_cache(maxsize=16)
+def constant_cos_sin(frequencies: tuple, length: int):
+    """NumPy `(cos, sin)` of shape `(1, length, 1, 2 * len(frequencies))` for positions
+    `0 .. length - 1`, the angles in float32 as the traced computation makes them.
+
+    Example:
+        >>> cos, sin = constant_cos_sin((1.0, 0.5), 3)
+        >>> cos.shape, float(sin[0, 2, 0, 1])  # sin(2 * 0.5)
+        ((1, 3, 1, 4), 0.8414709568023682)
+    """
+    positions = np.arange(length, dtype=np.float32)[:, None]
+    angles = positions * np.asarray(frequencies, dtype=np.float32)
+    angles = np.concatenate([angles, angles], axis=-1)[None, :, None, :]
+    return np.cos(angles), np.sin(angles)
+
+
 @keras.saving.register_keras_serializable(package="keras_mha")
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding applied to per-head features.
@@ -180,18 +204,7 @@ class RotaryEmbedding(keras.layers.Layer):
         rotary_dim = self.rotary_dim(head_dim)
         if rotary_dim == 0:
             return inputs
-        # A tuple of Python floats: a constant to every tracer (a NumPy array
-        # breaks torch.compile's graph).
-        inv_freq = ops.convert_to_tensor(self._inverse_frequencies(rotary_dim), dtype="float32")
-        if positions is None:
-            positions = ops.arange(ops.shape(inputs)[1], dtype="int32")
-        positions = ops.cast(positions, "float32")
-        if len(positions.shape) == 1:
-            positions = positions[None]
-        # (B|1, T, rotary_dim / 2) -> (B|1, T, 1, rotary_dim): one angle per pair.
-        angles = positions[..., None] * inv_freq
-        angles = ops.concatenate([angles, angles], axis=-1)[:, :, None, :]
-        cos, sin = ops.cos(angles), ops.sin(angles)
+        cos, sin = self._cos_sin(positions, ops.shape(inputs)[1], rotary_dim)
         x = ops.cast(inputs, "float32")
         rotating, passing = x[..., :rotary_dim], x[..., rotary_dim:]
         first, second = rotating[..., : rotary_dim // 2], rotating[..., rotary_dim // 2 :]
@@ -199,6 +212,29 @@ class RotaryEmbedding(keras.layers.Layer):
         if rotary_dim < head_dim:
             rotated = ops.concatenate([rotated, passing], axis=-1)
         return ops.cast(rotated, inputs.dtype)
+
+    def _cos_sin(self, positions, length, rotary_dim):
+        """`(cos, sin)` broadcastable to `(B, T, heads, rotary_dim)`: one angle per pair."""
+        frequencies = self._inverse_frequencies(rotary_dim)
+        if (
+            positions is None
+            and isinstance(length, int)
+            and keras.backend.backend() in CONSTANT_TABLE_BACKENDS
+        ):
+            cos, sin = constant_cos_sin(frequencies, length)
+            return ops.convert_to_tensor(cos), ops.convert_to_tensor(sin)
+        # A tuple of Python floats: a constant to every tracer (a NumPy array
+        # breaks torch.compile's graph).
+        inv_freq = ops.convert_to_tensor(frequencies, dtype="float32")
+        if positions is None:
+            positions = ops.arange(length, dtype="int32")
+        positions = ops.cast(positions, "float32")
+        if len(positions.shape) == 1:
+            positions = positions[None]
+        # (B|1, T, rotary_dim / 2) -> (B|1, T, 1, rotary_dim).
+        angles = positions[..., None] * inv_freq
+        angles = ops.concatenate([angles, angles], axis=-1)[:, :, None, :]
+        return ops.cos(angles), ops.sin(angles)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -1,6 +1,7 @@
 """Rotary embeddings against transformers' own implementation (Llama, Phi), plus
 q/k RMS norm and logit soft-capping against NumPy."""
 
+import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -70,6 +71,24 @@ def test_rotary_embedding_matches_transformers(theta, scaling, partial):
     )
     got = ops.convert_to_numpy(rope(q, positions=positions))
     np.testing.assert_allclose(got, expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("scaling", [None, LLAMA3_SCALING], ids=["default", "llama3"])
+def test_default_positions_match_transformers(scaling):
+    """Positions 0 .. T - 1 (on JAX, tables computed once as constants)."""
+    q = random_inputs(2, 9, 3, 32)
+    expected = transformers_rope(q, np.arange(9), theta=500000.0, scaling=scaling)
+    rope = RotaryEmbedding(max_wavelength=500000.0, rope_scaling=scaling)
+    np.testing.assert_allclose(ops.convert_to_numpy(rope(q)), expected, atol=2e-5)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's compiled text on JAX")
+def test_compiled_default_positions_compute_no_sines_on_jax():
+    import jax
+
+    rope = RotaryEmbedding()
+    text = jax.jit(lambda x: rope(x)).lower(random_inputs(1, 16, 2, 8)).compile().as_text()
+    assert " sine(" not in text and " cosine(" not in text
 
 
 def test_rope_errors_name_the_argument():
