@@ -35,6 +35,8 @@ Example:
 
 from __future__ import annotations
 
+import types
+
 import keras
 import numpy as np
 from keras.src.backend import get_autocast_scope, in_stateless_scope
@@ -162,6 +164,10 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only):
         return torch.compiler.keep_tensor_guards_unsafe(guard_entries, keep_parameters=True)
 
     options = {"guard_filter_fn": tensor_guards} if guard_tensors_only else None
+    if guard_tensors_only:
+        # Dynamo keeps its graphs per code object: guarding only the tensors, the steps
+        # made from one closure (a prefill and a step, two layers) would share them.
+        forward = _with_own_code(forward)
     compiled = torch.compile(forward, dynamic=False, options=options)
     first_call = [True]
 
@@ -175,6 +181,14 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only):
             return compiled(inputs, mask, caches, index)
 
     return step
+
+
+def _with_own_code(function):
+    """`function` with a code object of its own (a copy), closure and defaults kept."""
+    code = function.__code__.replace()
+    return types.FunctionType(
+        code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
 
 
 def _eager_torch_step(forward, static_index):

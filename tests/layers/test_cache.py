@@ -214,6 +214,26 @@ def test_decode_function_compiles_one_step_for_every_position(monkeypatch):
     assert compile_count() == (1 if BACKEND == "torch" else 2)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_compiled_torch_decode_from_a_one_token_prompt():
+    """`make_decode_function(compile_torch=True)` decoding from a one-token prefill: the
+    prefill's graph and the step's take tensors of the same shapes, and a second layer
+    of those shapes (with a window) has graphs of its own; none may serve another."""
+    x = ops.convert_to_tensor(random_inputs(1, 6, 16))
+    for window in (None, 2):
+        layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True, sliding_window=window)
+        layer(x)
+        randomise(layer)
+        expected = ops.convert_to_numpy(layer(x))
+        decode = layer.make_decode_function(compile_torch=True)
+        cache, outputs = layer.init_cache(1, 8), []
+        for position in range(6):
+            output, cache = decode(x[:, position : position + 1], cache, position)
+            outputs.append(ops.convert_to_numpy(output))
+        np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5)
+
+
 # ----------------------------------------------------------- single-token path
 @pytest.mark.parametrize("num_heads, num_kv_heads, window", [(8, 2, 3), (4, 1, None)])
 def test_single_token_steps_match_generic_path_and_numpy(num_heads, num_kv_heads, window):
