@@ -332,6 +332,19 @@ def test_static_overrun_is_refused_even_when_compiled(index):
             jax.jit(lambda c: layer(x, cache=c, cache_index=index))(cache)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_compiled_torch_decode_refuses_an_int_index_that_overruns():
+    """The compiled step's wrapper checks an int index (its graph then has no guard)."""
+    x = ops.convert_to_tensor(random_inputs(1, 2, 16))
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    decode = layer.make_decode_function(compile_torch=True)
+    cache = layer.init_cache(1, 8)
+    for index in (7, -1, np.int64(9)):
+        with pytest.raises(ValueError, match=rf"`cache_index`={index} overruns.*max_length is 8"):
+            decode(x, cache, index)
+
+
 def test_traced_overrun_gives_nan_and_leaves_the_cache_unchanged():
     x = ops.convert_to_tensor(random_inputs(1, 6, 16))
     layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
