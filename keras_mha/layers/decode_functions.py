@@ -35,6 +35,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import types
+
 import keras
 import numpy as np
 from keras.src.backend import get_autocast_scope, in_stateless_scope
@@ -162,6 +165,10 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only):
         return torch.compiler.keep_tensor_guards_unsafe(guard_entries, keep_parameters=True)
 
     options = {"guard_filter_fn": tensor_guards} if guard_tensors_only else None
+    if guard_tensors_only:
+        # Dynamo keeps its graphs per code object: guarding only the tensors, the steps
+        # made from one closure (a prefill and a step, two layers) would share them.
+        forward = _with_own_code(forward)
     compiled = torch.compile(forward, dynamic=False, options=options)
     first_call = [True]
 
@@ -170,11 +177,27 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only):
             first_call[0] = False
             on_trace()
         if _is_int(index):
-            index = torch.tensor(int(index), dtype=torch.int32)
+            index = _index_tensor(int(index))
         with torch.no_grad():
             return compiled(inputs, mask, caches, index)
 
     return step
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _index_tensor(index):
+    """The 0-d int32 tensor of a position, made once: graphs only read it."""
+    import torch
+
+    return torch.tensor(index, dtype=torch.int32)
+
+
+def _with_own_code(function):
+    """`function` with a code object of its own (a copy), closure and defaults kept."""
+    code = function.__code__.replace()
+    return types.FunctionType(
+        code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
 
 
 def _eager_torch_step(forward, static_index):
@@ -217,16 +240,43 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
             return eager_decode.call_directly(layer, query, cache, index, mask)
         return forward(query, mask, cache, index)
 
+    def checked_forward(query, mask, cache, index):
+        # `decode` checked the int index: the graph needs no guard against an overrun.
+        with kv_cache.index_checked_by_caller():
+            return forward(query, mask, cache, index)
+
     options = {"compile_torch": compile_torch, "jit_compile": jit_compile}
     options.update(eager_forward=eager_forward, guard_tensors_only=True)  # one graph
     prefill = compile_decode_step(layer, forward, static_index=True, **options)
     step = compile_decode_step(layer, forward, **options)
+    checked_step = step
+    if compile_torch and keras.backend.backend() == "torch":
+        checked_step = compile_decode_step(layer, checked_forward, **options)
 
     def decode(query, cache, cache_index, attention_mask=None):
-        run = prefill if _is_int(cache_index) and cache_index == 0 else step
+        run = step
+        if _is_int(cache_index):
+            if cache_index == 0:
+                run = prefill
+            elif checked_step is not step and _check_write(query, cache, cache_index):
+                run = checked_step
         return run(query, attention_mask, cache, cache_index)
 
     return decode
+
+
+def _check_write(query, cache, index):
+    """Check writing `query` at the int `index` into `cache` as the layer would: raise its
+    overrun error, else True; False when they are not shaped as the layer takes them
+    (the layer's own checks then say so)."""
+    shape = getattr(query, "shape", None)
+    if shape is None or len(shape) != 3 or not isinstance(cache, (tuple, list)):
+        return False
+    buffer_shape = getattr(cache[0], "shape", None) if len(cache) == 2 else None
+    if buffer_shape is None or len(buffer_shape) != 4:
+        return False
+    kv_cache.check_static_write(int(index), shape[1], buffer_shape[2])
+    return True
 
 
 def _is_int(index):

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import keras
@@ -332,22 +333,44 @@ def _scatter_into_variable(variable, update, start, static_start, valid):
     variable.scatter_nd_update(tf.stack(grid, axis=-1), update)
 
 
+# True within `index_checked_by_caller`, which a compiled step enters while it is traced.
+_INDEX_CHECKED = [False]
+
+
+@contextlib.contextmanager
+def index_checked_by_caller():
+    """Within it, `write` trusts a traced start: its caller checked it, so no overrun guard.
+
+    For a `torch.compile`d decode step whose Python wrapper checked the int index
+    (`check_static_write`): the guard's reads and selects would run at every step.
+    Entered inside the compiled function, so that Dynamo traces it with the step.
+    """
+    previous = _INDEX_CHECKED[0]
+    _INDEX_CHECKED[0] = True
+    try:
+        yield
+    finally:
+        _INDEX_CHECKED[0] = previous
+
+
 def write(cache, key, value, start, static_start):
     """Write new keys/values `(B, T, Hkv, D)` at `start`; return `(cache, valid)`.
 
     `valid` is None when `static_start` (the Python int behind `start`, or
-    None when traced) is known; otherwise a boolean scalar tensor that is
-    False when the write would overrun and was skipped. A variable cache is
-    assigned its new contents and returned as it is (the same variables).
+    None when traced) is known, or within `index_checked_by_caller`; otherwise
+    a boolean scalar tensor that is False when the write would overrun and was
+    skipped. A variable cache is assigned its new contents and returned as it is
+    (the same variables).
     """
     max_length = cache.key.shape[_LENGTH_AXIS]
     query_length = key.shape[1]
     valid = None
     if static_start is None:
         start = ops.cast(start, "int32")
-        valid = ops.logical_and(
-            ops.greater_equal(start, 0), ops.less_equal(start + query_length, max_length)
-        )
+        if not _INDEX_CHECKED[0]:
+            valid = ops.logical_and(
+                ops.greater_equal(start, 0), ops.less_equal(start + query_length, max_length)
+            )
     updated = []
     for buffer, new in ((cache.key, key), (cache.value, value)):
         new = ops.transpose(new, (0, 2, 1, 3))

@@ -214,6 +214,26 @@ def test_decode_function_compiles_one_step_for_every_position(monkeypatch):
     assert compile_count() == (1 if BACKEND == "torch" else 2)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_compiled_torch_decode_from_a_one_token_prompt():
+    """`make_decode_function(compile_torch=True)` decoding from a one-token prefill: the
+    prefill's graph and the step's take tensors of the same shapes, and a second layer
+    of those shapes (with a window) has graphs of its own; none may serve another."""
+    x = ops.convert_to_tensor(random_inputs(1, 6, 16))
+    for window in (None, 2):
+        layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True, sliding_window=window)
+        layer(x)
+        randomise(layer)
+        expected = ops.convert_to_numpy(layer(x))
+        decode = layer.make_decode_function(compile_torch=True)
+        cache, outputs = layer.init_cache(1, 8), []
+        for position in range(6):
+            output, cache = decode(x[:, position : position + 1], cache, position)
+            outputs.append(ops.convert_to_numpy(output))
+        np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5)
+
+
 # ----------------------------------------------------------- single-token path
 @pytest.mark.parametrize("num_heads, num_kv_heads, window", [(8, 2, 3), (4, 1, None)])
 def test_single_token_steps_match_generic_path_and_numpy(num_heads, num_kv_heads, window):
@@ -310,6 +330,19 @@ def test_static_overrun_is_refused_even_when_compiled(index):
         # A Python int index inside jit is known at trace time: refused there.
         with pytest.raises(ValueError, match="overruns"):
             jax.jit(lambda c: layer(x, cache=c, cache_index=index))(cache)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_compiled_torch_decode_refuses_an_int_index_that_overruns():
+    """The compiled step's wrapper checks an int index (its graph then has no guard)."""
+    x = ops.convert_to_tensor(random_inputs(1, 2, 16))
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    decode = layer.make_decode_function(compile_torch=True)
+    cache = layer.init_cache(1, 8)
+    for index in (7, -1, np.int64(9)):
+        with pytest.raises(ValueError, match=rf"`cache_index`={index} overruns.*max_length is 8"):
+            decode(x, cache, index)
 
 
 def test_traced_overrun_gives_nan_and_leaves_the_cache_unchanged():
