@@ -62,6 +62,30 @@ def device() -> str:
     return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
 
 
+def device_name() -> str:
+    """The name of the accelerator `device()` computes on (`NVIDIA H100 80GB HBM3`), or
+    `cpu`.
+
+    Example:
+        >>> isinstance(device_name(), str)
+        True
+    """
+    if device() == "cpu":
+        return "cpu"
+    name = backend()
+    if name == "torch":
+        import torch
+
+        return torch.cuda.get_device_name()
+    if name == "jax":
+        import jax
+
+        return jax.devices()[0].device_kind
+    import tensorflow as tf
+
+    return tf.config.list_logical_devices("GPU")[0].name
+
+
 def versions() -> dict:
     import keras
 

@@ -33,6 +33,7 @@ import tempfile
 import time
 import warnings
 
+from benchmarks import backends
 from benchmarks.reporting import quartiles, table, turn_order
 
 DEFAULT_CARD = "meta-llama/Llama-3.2-1B"
@@ -398,7 +399,7 @@ def model_results(arguments) -> dict:
         results["paired"] = paired_ratios(results[OURS], results[THEIRS])
     results["rounds"] = arguments.rounds
     results["machine"] = machine()
-    results["machine"]["device"] = device_name()
+    results["machine"]["device"] = backends.device_name()
     results["config"] = config
     return results
 
@@ -414,31 +415,6 @@ def machine() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
     }
-
-
-def device_name() -> str:
-    """The accelerator keras-mha computed on (its name), or "cpu".
-
-    Example:
-        >>> isinstance(device_name(), str)
-        True
-    """
-    import keras
-
-    name = keras.backend.backend()
-    if name == "torch":
-        import torch
-
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    if name == "jax":
-        import jax
-
-        first = jax.devices()[0]
-        return first.device_kind if first.platform != "cpu" else "cpu"
-    import tensorflow as tf
-
-    gpus = tf.config.list_logical_devices("GPU")
-    return gpus[0].name if gpus else "cpu"
 
 
 def _ratio_cell(paired: dict | None) -> str:

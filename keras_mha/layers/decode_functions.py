@@ -272,10 +272,9 @@ def _check_write(query, cache, index):
     shape = getattr(query, "shape", None)
     if shape is None or len(shape) != 3 or not isinstance(cache, (tuple, list)):
         return False
-    buffer_shape = getattr(cache[0], "shape", None) if len(cache) == 2 else None
-    if buffer_shape is None or len(buffer_shape) != 4:
+    if len(cache) != 2 or len(getattr(cache[0], "shape", ())) != 4:
         return False
-    kv_cache.check_static_write(int(index), shape[1], buffer_shape[2])
+    kv_cache.check_static_write(int(index), shape[1], kv_cache.KVCache(*cache).max_length)
     return True
 
 
