@@ -199,7 +199,9 @@ def checkpoint(tmp_path_factory, case: str, num_key_value_heads=None) -> Checkpo
     if num_key_value_heads is not None:
         arguments = {**arguments, "num_key_value_heads": num_key_value_heads}
     torch.manual_seed(sum(map(ord, case)))
-    config = getattr(transformers, config_class)(**arguments)
+    # Eager attention: the formula as written, whatever the installed transformers picks by
+    # default (its SDPA attention drops Gemma 2's logit soft cap).
+    config = getattr(transformers, config_class)(**arguments, attn_implementation="eager")
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():

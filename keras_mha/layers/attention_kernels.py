@@ -399,12 +399,19 @@ def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=Fa
     return output.transpose(1, 2)
 
 
+# Devices whose SDPA kernels take grouped-query heads natively (`enable_gqa`). On an
+# H200 in bfloat16 (context 8192, 32/8 heads) cuDNN's kernel runs a lone query per head
+# 2.7x faster than G queries per KV head; on the CPU the grouped layout is the faster.
+_NATIVE_GQA_DEVICES = ("cuda",)
+
+
 def torch_one_query_attention(query, key, value, mask, *, scale):
     """PyTorch: one query token `(B, 1, H, D)` over a heads-first cache `(B, Hkv, S, D)`.
 
-    The query heads of each group become that group's queries: `(B, 1, Hkv * G, D)`
-    is viewed as `(B, Hkv, G, D)`, plain multi-head SDPA with `G` queries per head, no
-    `enable_gqa` (whose CPU kernel walks each query head separately) and no copy.
+    On the CPU the query heads of each group become that group's queries:
+    `(B, 1, Hkv * G, D)` is viewed as `(B, Hkv, G, D)`, plain multi-head SDPA with `G`
+    queries per head, no `enable_gqa` (whose CPU kernel walks each query head
+    separately) and no copy. On CUDA, `enable_gqa` with one query per head.
     `mask`: None or boolean, broadcastable to `(B, 1 | H, 1, S)`, with no empty row.
 
     Example:
@@ -415,6 +422,11 @@ def torch_one_query_attention(query, key, value, mask, *, scale):
     """
     batch, _, num_heads, head_dim = query.shape
     num_key_value_heads = key.shape[1]
+    if query.device.type in _NATIVE_GQA_DEVICES:
+        output = _torch_functional().scaled_dot_product_attention(
+            query.transpose(1, 2), key, value, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        return output.transpose(1, 2)
     groups = num_heads // num_key_value_heads
     grouped = query.reshape(batch, num_key_value_heads, groups, head_dim)
     if mask is not None:

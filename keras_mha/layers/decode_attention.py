@@ -271,7 +271,8 @@ def _softmax_total(grouped, key, bias):
     # Query head (k, g) against key row (k', s): only k == k' counts. A constant.
     query_head = np.repeat(np.arange(kv_heads), groups)[:, None]
     key_head = np.repeat(np.arange(kv_heads), max_length)[None, :]
-    logits = logits + np.where(query_head == key_head, 0.0, _MASKED_LOGIT).astype("float32")
+    other_heads = np.where(query_head == key_head, 0.0, _MASKED_LOGIT).astype("float32")
+    logits = logits + ops.convert_to_tensor(other_heads)  # on the logits' device
     if bias is not None:
         # (B|1, Hkv|1, G|1, S) -> (B|1, Hkv * G, Hkv * S): the same bias for every k'.
         shape = ops.shape(bias)

@@ -328,6 +328,8 @@ def step(layer, query, cache, start, attention_mask, options, read=None):
     `read(variable)` gives a variable's tensor (default: as `_variable_reader` finds).
     """
     read = read or _variable_reader()
+    if query.device != cache.key.device:
+        query = query.to(cache.key.device)  # as keras.ops moves a CPU tensor to the GPU
     batch, length, head_dim = query.shape[0], query.shape[1], layer.head_dim
     rows = query.reshape(batch * length, -1)  # once for the three projections
     query_matrix, key_matrix, value_matrix, output_matrix = _projection_matrices(layer, read)
@@ -377,6 +379,8 @@ def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
     keys, values = cache.key[:, :, first:stop], cache.value[:, :, first:stop]
     mask = None
     if attention_mask is not None:
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.device != q.device:
+            attention_mask = attention_mask.to(q.device)
         mask = masks.normalise_attention_mask(
             attention_mask,
             batch=batch,

@@ -359,9 +359,10 @@ def test_traced_overrun_gives_nan_and_leaves_the_cache_unchanged():
     if BACKEND == "torch":
         import torch
 
-        # Eager PyTorch reads a CPU index: refused like a Python int.
+        # Eager PyTorch reads a CPU index (made there: the default device may be a GPU's,
+        # whose index it does not wait for): refused like a Python int.
         with pytest.raises(ValueError, match="overruns"):
-            step(x[:, :2], cache, ops.convert_to_tensor(5, "int32"))
+            step(x[:, :2], cache, torch.tensor(5, dtype=torch.int32, device="cpu"))
         torch._dynamo.reset()
         compiled = torch.compile(step, backend="eager", fullgraph=True)
     elif BACKEND == "jax":

@@ -141,3 +141,30 @@ def test_two_fusion_attention_equals_grouped_attention_over_the_cache(num_heads,
         np.testing.assert_allclose(
             ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5
         )
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's decode kernel")
+@pytest.mark.parametrize("native_gqa", [False, True], ids=["grouped-layout", "enable-gqa"])
+def test_torch_one_query_attention_equals_grouped_attention_in_both_layouts(
+    monkeypatch, native_gqa
+):
+    """Both of PyTorch's decode layouts (the CPU's grouped queries, CUDA's enable_gqa; the
+    second forced onto the CPU here) under per-head, shared and no masks."""
+    devices = ("cpu", "cuda") if native_gqa else ()
+    monkeypatch.setattr(attention_kernels, "_NATIVE_GQA_DEVICES", devices)
+    rng = np.random.RandomState(7)
+    batch, num_heads, num_kv_heads, length, head_dim = 2, 8, 2, 9, 8
+    query = tensor(batch, 1, num_heads, head_dim)
+    key, value = (tensor(batch, num_kv_heads, length, head_dim, seed=s) for s in (3, 4))
+    per_head = rng.rand(batch, num_heads, 1, length) > 0.3
+    per_head[..., 0] = True  # no empty row, as the function asks
+    shared = np.arange(length)[None, None, None, :] <= 5
+    for mask in (per_head, shared, None):
+        mask = None if mask is None else ops.convert_to_tensor(mask)
+        expected = attention_kernels.grouped_attention(
+            query, key, value, mask, scale=0.3, key_heads_first=True
+        )
+        got = attention_kernels.torch_one_query_attention(query, key, value, mask, scale=0.3)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5
+        )
