@@ -235,7 +235,12 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
         return layer(query, cache=cache, cache_index=index, attention_mask=mask)
 
     def eager_forward(query, mask, cache, index):
-        # Keras's per-call bookkeeping costs about as much as the step itself.
+        # Keras's per-call bookkeeping costs about as much as the step itself; after one
+        # direct step, `warm_step` checks only what can change between steps.
+        if mask is None:
+            output = eager_decode.warm_step(layer, query, cache, index)
+            if output is not None:
+                return output
         if eager_decode.can_skip_keras_call(layer, query, cache, index, mask):
             return eager_decode.call_directly(layer, query, cache, index, mask)
         return forward(query, mask, cache, index)

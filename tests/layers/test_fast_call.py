@@ -190,6 +190,68 @@ def test_direct_call_only_where_keras_call_adds_nothing():
 
 
 @TORCH_ONLY
+def test_warm_step_only_while_nothing_changed():
+    """After one direct step, `warm_step` serves the next ones; anything that can change
+    between steps sends the call back through the full checks."""
+    import torch
+
+    from keras_mha.layers import attention_probe
+
+    layer = built_layer()
+    x = ops.convert_to_tensor(random_inputs(1, 6, FEATURES, seed=8))
+    token = x[:, PREFILL : PREFILL + 1]
+    cache = new_cache(layer, 1)
+    function = layer.make_decode_function()
+    function(x[:, :PREFILL], cache, 0)  # the layer checks the cache
+    assert eager_decode.warm_step(layer, token, cache, PREFILL) is None  # no direct step yet
+    expected, _ = function(token, cache, PREFILL)  # a direct step: the layer is warm now
+
+    def warm(query=token, cache=cache, index=PREFILL):
+        with torch.no_grad():
+            return eager_decode.warm_step(layer, query, cache, index)
+
+    output, returned = warm()
+    np.testing.assert_array_equal(ops.convert_to_numpy(output), ops.convert_to_numpy(expected))
+    assert returned is cache
+    masked = token.clone()
+    keras.src.backend.set_keras_mask(masked, torch.ones(1, 1, dtype=torch.bool))
+    other_cache = new_cache(layer, 1)
+    refused = {
+        "another cache": lambda: warm(cache=other_cache),
+        "a tuple cache": lambda: warm(cache=tuple(cache)),
+        "a tensor index": lambda: warm(index=torch.tensor(PREFILL)),
+        "an overrun": lambda: warm(index=MAX_LENGTH),
+        "a negative index": lambda: warm(index=-1),
+        "another query length": lambda: warm(query=x[:, :2]),
+        "another dtype": lambda: warm(query=token.double()),
+        "a Keras mask": lambda: warm(query=masked),
+        "autograd on": lambda: eager_decode.warm_step(layer, token, cache, PREFILL),
+    }
+    scopes = {
+        "a stateless scope": keras.StatelessScope,
+        "an autocast scope": lambda: keras.src.backend.AutocastScope("float16"),
+        "a symbolic scope": keras.src.backend.common.symbolic_scope.SymbolicScope,
+        "a meta device": lambda: keras.device("meta"),
+        "attention recording": lambda: attention_probe.recording({"a": layer}, print),
+    }
+    for name, scope in scopes.items():
+        refused[name] = lambda scope=scope: _inside(scope(), warm)
+    hook = layer.register_forward_hook(lambda *args: None)
+    try:
+        assert warm() is None, "a forward hook"
+    finally:
+        hook.remove()
+    for name, call in refused.items():
+        assert call() is None, name
+    assert warm() is not None  # all of it undone: warm again
+
+
+def _inside(context, function):
+    with context:
+        return function()
+
+
+@TORCH_ONLY
 def test_direct_call_still_checks_its_arguments():
     import torch
 
