@@ -81,6 +81,10 @@ def call_directly(layer, query, cache, cache_index, attention_mask):
     """
     if not layer._called:
         layer._called = True  # what Layer.__call__ would record
+    if attention_mask is None:
+        warm = warm_step(layer, query, cache, cache_index)
+        if warm is not None:
+            return warm
     if attention_mask is None and _checked_before(layer, query, cache):
         start = kv_cache.static_index(cache_index)
         options = layer._attention_options(None, False, None)
