@@ -178,6 +178,11 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only):
             on_trace()
         if _is_int(index):
             index = _index_tensor(int(index))
+        # NumPy in a compiled frame fails inside Dynamo: converted here, as Keras would.
+        if not isinstance(inputs, torch.Tensor):
+            inputs = keras.ops.convert_to_tensor(inputs)
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            mask = keras.ops.convert_to_tensor(mask)
         with torch.no_grad():
             return compiled(inputs, mask, caches, index)
 

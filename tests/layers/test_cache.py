@@ -219,9 +219,10 @@ def test_decode_function_compiles_one_step_for_every_position(monkeypatch):
 def test_compiled_torch_decode_from_a_one_token_prompt():
     """`make_decode_function(compile_torch=True)` decoding from a one-token prefill: the
     prefill's graph and the step's take tensors of the same shapes, and a second layer
-    of those shapes (with a window) has graphs of its own; none may serve another."""
+    of those shapes (with a window) has graphs of its own; none may serve another. The
+    second decodes NumPy tokens, converted as Keras's `__call__` would."""
     x = ops.convert_to_tensor(random_inputs(1, 6, 16))
-    for window in (None, 2):
+    for window, tokens in ((None, x), (2, random_inputs(1, 6, 16))):
         layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True, sliding_window=window)
         layer(x)
         randomise(layer)
@@ -229,7 +230,7 @@ def test_compiled_torch_decode_from_a_one_token_prompt():
         decode = layer.make_decode_function(compile_torch=True)
         cache, outputs = layer.init_cache(1, 8), []
         for position in range(6):
-            output, cache = decode(x[:, position : position + 1], cache, position)
+            output, cache = decode(tokens[:, position : position + 1], cache, position)
             outputs.append(ops.convert_to_numpy(output))
         np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5)
 
