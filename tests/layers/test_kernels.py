@@ -132,12 +132,21 @@ def test_two_fusion_attention_equals_grouped_attention_over_the_cache(num_heads,
     mask[1, :, :, :] = False
     mask[1, :, :, position] = True  # only the newest token
     shared = np.arange(length)[None, None, None, :] <= position  # (1, 1, 1, S), as the layer's
-    for step_mask in (mask, shared, None):  # None: every position counts
-        step_mask = None if step_mask is None else ops.convert_to_tensor(step_mask)
+    # None: every position counts
+    assert_matches_grouped_attention(
+        decode_attention.two_fusion_attention, query, key, value, (mask, shared, None)
+    )
+
+
+def assert_matches_grouped_attention(kernel, query, key, value, masks):
+    """`kernel(query, key, value, mask, scale=0.3)` equals grouped attention over the
+    heads-first cache `key`, `value` under each of `masks` (NumPy or None)."""
+    for mask in masks:
+        mask = None if mask is None else ops.convert_to_tensor(mask)
         expected = attention_kernels.grouped_attention(
-            query, key, value, step_mask, scale=0.3, key_heads_first=True
+            query, key, value, mask, scale=0.3, key_heads_first=True
         )
-        got = decode_attention.two_fusion_attention(query, key, value, step_mask, scale=0.3)
+        got = kernel(query, key, value, mask, scale=0.3)
         np.testing.assert_allclose(
             ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5
         )
@@ -159,12 +168,6 @@ def test_torch_one_query_attention_equals_grouped_attention_in_both_layouts(
     per_head = rng.rand(batch, num_heads, 1, length) > 0.3
     per_head[..., 0] = True  # no empty row, as the function asks
     shared = np.arange(length)[None, None, None, :] <= 5
-    for mask in (per_head, shared, None):
-        mask = None if mask is None else ops.convert_to_tensor(mask)
-        expected = attention_kernels.grouped_attention(
-            query, key, value, mask, scale=0.3, key_heads_first=True
-        )
-        got = attention_kernels.torch_one_query_attention(query, key, value, mask, scale=0.3)
-        np.testing.assert_allclose(
-            ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5
-        )
+    assert_matches_grouped_attention(
+        attention_kernels.torch_one_query_attention, query, key, value, (per_head, shared, None)
+    )
