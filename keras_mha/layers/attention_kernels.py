@@ -399,9 +399,11 @@ def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=Fa
     return output.transpose(1, 2)
 
 
-# Devices whose SDPA kernels take grouped-query heads natively (`enable_gqa`). On an
-# H200 in bfloat16 (context 8192, 32/8 heads) cuDNN's kernel runs a lone query per head
-# 2.7x faster than G queries per KV head; on the CPU the grouped layout is the faster.
+# Devices whose SDPA kernels take grouped-query heads natively (`enable_gqa`) when no
+# mask is given. On an H200 in bfloat16 (context 8192, 32/8 heads) cuDNN's kernel ran a
+# lone query per head 2.7x faster than G queries per KV head; on the CPU the grouped
+# layout is the faster. With a mask the grouped layout stays: not every CUDA kernel that
+# takes a mask takes `enable_gqa` (the math fallback would copy K/V per query head).
 _NATIVE_GQA_DEVICES = ("cuda",)
 
 
@@ -411,7 +413,7 @@ def torch_one_query_attention(query, key, value, mask, *, scale):
     On the CPU the query heads of each group become that group's queries:
     `(B, 1, Hkv * G, D)` is viewed as `(B, Hkv, G, D)`, plain multi-head SDPA with `G`
     queries per head, no `enable_gqa` (whose CPU kernel walks each query head
-    separately) and no copy. On CUDA, `enable_gqa` with one query per head.
+    separately) and no copy. On CUDA without a mask, `enable_gqa` with one query per head.
     `mask`: None or boolean, broadcastable to `(B, 1 | H, 1, S)`, with no empty row.
 
     Example:
@@ -422,9 +424,9 @@ def torch_one_query_attention(query, key, value, mask, *, scale):
     """
     batch, _, num_heads, head_dim = query.shape
     num_key_value_heads = key.shape[1]
-    if query.device.type in _NATIVE_GQA_DEVICES:
+    if mask is None and query.device.type in _NATIVE_GQA_DEVICES:
         output = _torch_functional().scaled_dot_product_attention(
-            query.transpose(1, 2), key, value, attn_mask=mask, scale=scale, enable_gqa=True
+            query.transpose(1, 2), key, value, scale=scale, enable_gqa=True
         )
         return output.transpose(1, 2)
     groups = num_heads // num_key_value_heads

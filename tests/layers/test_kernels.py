@@ -157,8 +157,9 @@ def assert_matches_grouped_attention(kernel, query, key, value, masks):
 def test_torch_one_query_attention_equals_grouped_attention_in_both_layouts(
     monkeypatch, native_gqa
 ):
-    """Both of PyTorch's decode layouts (the CPU's grouped queries, CUDA's enable_gqa; the
-    second forced onto the CPU here) under per-head, shared and no masks."""
+    """Both of PyTorch's decode layouts (the CPU's grouped queries, CUDA's enable_gqa
+    without a mask; the second forced onto the CPU here) under per-head, shared and no
+    masks."""
     devices = ("cpu", "cuda") if native_gqa else ()
     monkeypatch.setattr(attention_kernels, "_NATIVE_GQA_DEVICES", devices)
     rng = np.random.RandomState(7)
