@@ -93,8 +93,8 @@ def call_directly(layer, query, cache, cache_index, attention_mask):
             # `can_skip_keras_call` found no Keras scope: variables hold their values.
             if _on_meta_device():
                 return step(layer, query, cache, start, None, options, _keras_value)
-            facts = (cache.key, cache.value, query.shape, query.dtype, layer._dtype_policy)
-            _WARM[layer] = (*facts, options)
+            buffers = weakref.ref(cache.key), weakref.ref(cache.value)  # not kept alive here
+            _WARM[layer] = (*buffers, query.shape, query.dtype, layer._dtype_policy, options)
             return step(layer, query, cache, start, None, options, _stored_value)
     output, cache = layer.call(
         query, attention_mask=attention_mask, cache=cache, cache_index=cache_index
@@ -103,8 +103,9 @@ def call_directly(layer, query, cache, cache_index, attention_mask):
     return output, cache
 
 
-# layer -> (key and value buffers, query shape and dtype, dtype policy, options) of the last
-# step that `call_directly` sent straight to `step`; what `warm_step` compares with.
+# layer -> (weak references to the key and value buffers, query shape and dtype, dtype
+# policy, options) of the last step that `call_directly` sent straight to `step`; what
+# `warm_step` compares with.
 _WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -128,11 +129,11 @@ def warm_step(layer, query, cache, cache_index):
     if known is None or type(cache) is not kv_cache.KVCache or type(cache_index) is not int:
         return None
     key, value, shape, dtype, policy, options = known
-    if cache.key is not key or cache.value is not value or type(query) is not _torch().Tensor:
+    if cache.key is not key() or cache.value is not value() or type(query) is not _torch().Tensor:
         return None
     if query.shape != shape or query.dtype is not dtype or not 0 <= cache_index:
         return None
-    if cache_index + shape[1] > key.shape[2] or layer._dtype_policy is not policy:
+    if cache_index + shape[1] > cache.key.shape[2] or layer._dtype_policy is not policy:
         return None
     if not _nothing_switched_on(layer, query):
         return None

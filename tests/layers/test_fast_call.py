@@ -8,6 +8,8 @@ TensorFlow are tested in tests/layers/test_cache.py.
 """
 
 import contextlib
+import gc
+import weakref
 
 import keras
 import numpy as np
@@ -244,6 +246,24 @@ def test_warm_step_only_while_nothing_changed():
     for name, call in refused.items():
         assert call() is None, name
     assert warm() is not None  # all of it undone: warm again
+
+
+@TORCH_ONLY
+def test_warm_step_keeps_no_dropped_cache_alive():
+    import torch
+
+    layer = built_layer()
+    x = ops.convert_to_tensor(random_inputs(1, 6, FEATURES, seed=9))
+    function = layer.make_decode_function()
+    cache = new_cache(layer, 1)
+    function(x[:, :PREFILL], cache, 0)
+    function(x[:, PREFILL : PREFILL + 1], cache, PREFILL)  # a direct step: warm
+    with torch.no_grad():
+        assert eager_decode.warm_step(layer, x[:, 4:5], cache, 4) is not None
+    freed = weakref.ref(cache.key)
+    del cache
+    gc.collect()
+    assert freed() is None
 
 
 def _inside(context, function):
