@@ -147,11 +147,7 @@ def _nothing_switched_on(layer, query):
         return False
     if getattr(query, "_keras_mask", None) is not None or attention_probe.is_recording(layer):
         return False
-    if _in_keras_scope() or _on_meta_device():
-        return False
-    if layer.input_spec is not None or layer.activity_regularizer is not None:
-        return False
-    return not _has_hooks(layer) and getattr(layer, "_compiled_call_impl", None) is None
+    return not _on_meta_device() and _no_call_machinery(layer)
 
 
 # layer -> (weak references to the key and value buffers of the cache it last checked,
@@ -245,15 +241,22 @@ def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
 def _layer_call_is_plain(layer, dtype):
     """No Keras or torch machinery of `__call__` is active for `layer` (see above), whose
     compute dtype is `dtype` (a torch dtype)."""
-    if not layer.built or layer._parent_path is None or layer.input_spec is not None:
+    if not layer.built or layer._parent_path is None:
         return False
     policy = layer.dtype_policy
     if policy.quantization_mode is not None or layer._remat_mode:
         return False
-    if layer.activity_regularizer is not None:
-        return False
     compute_dtype = policy.compute_dtype
     if compute_dtype != policy.variable_dtype or kv_cache.dtype_name(dtype) != compute_dtype:
+        return False
+    return _no_call_machinery(layer)
+
+
+def _no_call_machinery(layer):
+    """None of what `__call__` adds and can be switched on at any time is on for `layer`:
+    an input spec, an activity regularizer, a Keras scope or distribution, torch hooks,
+    `Module.compile()`."""
+    if layer.input_spec is not None or layer.activity_regularizer is not None:
         return False
     if _in_keras_scope():
         return False

@@ -132,9 +132,9 @@ def test_two_fusion_attention_equals_grouped_attention_over_the_cache(num_heads,
     mask[1, :, :, :] = False
     mask[1, :, :, position] = True  # only the newest token
     shared = np.arange(length)[None, None, None, :] <= position  # (1, 1, 1, S), as the layer's
-    # None: every position counts
+    masks = (mask, shared, None)  # None: every position counts
     assert_matches_grouped_attention(
-        decode_attention.two_fusion_attention, query, key, value, (mask, shared, None)
+        decode_attention.two_fusion_attention, query, key, value, masks
     )
 
 
