@@ -550,9 +550,10 @@ def test_compiled_variable_step_never_copies_the_cache():
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the donated cache of a jax.jit step")
 def test_jax_decode_step_updates_the_donated_cache_without_copying_it():
-    """In XLA's optimised HLO (CPU) of the decode function's step, each cache buffer is a
+    """In XLA's optimised HLO of the decode function's step, each cache buffer is a
     donated parameter aliased to an output, updated in place and read as it lies: no
-    instruction copies it (grouped queries over a cache that `prefers_two_fusions`)."""
+    instruction copies it (grouped queries over a cache that `prefers_two_fusions`). A
+    bitcast (XLA's GPU compiler adds one per output) reinterprets a buffer, copying nothing."""
     import re
 
     x = random_inputs(1, 3, 16)
@@ -572,4 +573,5 @@ def test_jax_decode_step_updates_the_donated_cache_without_copying_it():
         for match in map(instruction.match, entry.splitlines())
         if match and np.prod([int(d) for d in match.group(1).split(",")]) == 2 * 2048 * 16
     ]
-    assert sorted(producers) == ["fusion", "fusion", "parameter", "parameter"], producers
+    copies = sorted(p for p in producers if p != "bitcast")
+    assert copies == ["fusion", "fusion", "parameter", "parameter"], producers
