@@ -12,7 +12,10 @@ its models, so that the layers and models hold no backend branch of their own:
   (`init_cache(..., variables=True)`) are assigned in place and kept out of the
   function's outputs (a returned variable comes back as a copy);
 - PyTorch: eager calls under `torch.no_grad()` (the caches written in place), or
-  `torch.compile(dynamic=False)` with `compile_torch=True`.
+  `torch.compile` with `compile_torch=True`, static graphs (`dynamic=False`, or one
+  step per tensor signature). A layer's compiled step traces `layer.call` itself where
+  Keras's `Layer.__call__` would add nothing (`eager_decode.keras_call_adds_nothing`),
+  and its decode function reuses the last such step for the same cache and query shape.
 
 The index is an int32 tensor to the compiled steps (a 0-d tensor under
 `torch.compile`), so one compiled step serves every position; a step made with
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 
 import keras
 import numpy as np
@@ -55,6 +59,7 @@ def compile_decode_step(
     eager_forward=None,
     on_trace=None,
     guard_tensors_only=False,
+    one_signature=False,
 ):
     """`step(inputs, mask, caches, index) -> (outputs, caches)`: `forward` compiled here.
 
@@ -71,6 +76,10 @@ def compile_decode_step(
             before each call, not the Python state `forward` read (as `jax.jit` and
             `tf.function` do); only for a `forward` that compiles to one graph (Dynamo's
             resumed frames after a graph break need their guards).
+        one_signature: `torch.compile`: the caller sends this step tensors of one shape,
+            stride, dtype and device only (it makes a step per signature), so Dynamo never
+            makes a dimension dynamic and `dynamic=False`, whose configuration patch costs
+            more than the Python of a whole small step at every call, is not needed.
 
     Example:
         >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
@@ -98,7 +107,7 @@ def compile_decode_step(
         return _tensorflow_step(traced, jit_compile)
     if compile_torch:
         # Dynamo replays Python side effects at every call: `on_trace` stays outside.
-        return _compiled_torch_step(positioned, on_trace, guard_tensors_only)
+        return _compiled_torch_step(positioned, on_trace, guard_tensors_only, one_signature)
     return _eager_torch_step(eager_forward or forward, static_index)
 
 
@@ -155,7 +164,7 @@ def _tensorflow_step(traced, jit_compile):
     return step
 
 
-def _compiled_torch_step(forward, on_trace, guard_tensors_only):
+def _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature):
     import torch
 
     # Python ints would be specialised (a graph per position): the index is a tensor.
@@ -169,8 +178,20 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only):
         # Dynamo keeps its graphs per code object: guarding only the tensors, the steps
         # made from one closure (a prefill and a step, two layers) would share them.
         forward = _with_own_code(forward)
-    compiled = torch.compile(forward, dynamic=False, options=options)
+    # Graphs stay static: Dynamo's default compiles static graphs and makes a dimension
+    # dynamic only when a later call changes its size, which a one-signature step never sees.
+    compiled = torch.compile(forward, dynamic=None if one_signature else False, options=options)
     first_call = [True]
+    set_grad_enabled = torch._C._set_grad_enabled  # `no_grad()` without its wrapper
+
+    def run_tensors(inputs, mask, caches, index):
+        """The compiled step on torch tensors (`index` one too), with autograd off."""
+        enabled = torch.is_grad_enabled()
+        set_grad_enabled(False)
+        try:
+            return compiled(inputs, mask, caches, index)
+        finally:
+            set_grad_enabled(enabled)
 
     def step(inputs, mask, caches, index):
         if first_call[0]:
@@ -183,9 +204,9 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only):
             inputs = keras.ops.convert_to_tensor(inputs)
         if mask is not None and not isinstance(mask, torch.Tensor):
             mask = keras.ops.convert_to_tensor(mask)
-        with torch.no_grad():
-            return compiled(inputs, mask, caches, index)
+        return run_tensors(inputs, mask, caches, index)
 
+    step.run_tensors = run_tensors  # for a caller that converted the arguments itself
     return step
 
 
@@ -255,6 +276,11 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
         with kv_cache.index_checked_by_caller():
             return forward(query, mask, cache, index)
 
+    def direct_forward(query, mask, cache, index):
+        # `decode` checked the int index, and that `Layer.__call__` would add nothing.
+        with kv_cache.index_checked_by_caller():
+            return layer.call(query, cache=cache, cache_index=index, attention_mask=mask)
+
     options = {"compile_torch": compile_torch, "jit_compile": jit_compile}
     options.update(eager_forward=eager_forward, guard_tensors_only=True)  # one graph
     prefill = compile_decode_step(layer, forward, static_index=True, **options)
@@ -262,17 +288,88 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
     checked_step = step
     if compile_torch and keras.backend.backend() == "torch":
         checked_step = compile_decode_step(layer, checked_forward, **options)
+    direct_steps = {}  # tensor signature -> a compiled step over `layer.call` for it
+
+    def direct_step(query, mask, cache, index):
+        """The compiled step that traces `layer.call` for these tensors, or None."""
+        if not eager_decode.keras_call_adds_nothing(layer, query, cache, index, mask):
+            return None
+        signature = _tensor_signature(query, mask, *cache)
+        found = direct_steps.get(signature)
+        if found is None and len(direct_steps) < _DIRECT_SIGNATURES:
+            found = compile_decode_step(layer, direct_forward, one_signature=True, **options)
+            direct_steps[signature] = found
+        if not layer._called:
+            layer._called = True  # what Layer.__call__ would record
+        return found
+
+    last_direct = _LastDirectStep(layer)
 
     def decode(query, cache, cache_index, attention_mask=None):
+        if attention_mask is None:
+            run = last_direct.for_call(query, cache, cache_index)
+            if run is not None:  # a step that ran before: its tensors are converted
+                return run.run_tensors(query, None, cache, _index_tensor(cache_index))
         run = step
         if _is_int(cache_index):
             if cache_index == 0:
                 run = prefill
             elif checked_step is not step and _check_write(query, cache, cache_index):
-                run = checked_step
+                run = direct_step(query, attention_mask, cache, cache_index) or checked_step
+                if run is not checked_step and attention_mask is None:
+                    last_direct.remember(query, cache, run)
         return run(query, attention_mask, cache, cache_index)
 
     return decode
+
+
+# Compiled steps over `layer.call` a PyTorch decode function keeps, one per signature of
+# its tensors; further signatures take the step through `Layer.__call__`.
+_DIRECT_SIGNATURES = 32
+
+
+class _LastDirectStep:
+    """The compiled step over `layer.call` that a decode function took last, and for what.
+
+    A step runs after the Python of the step before has left the CPU's caches cold, so
+    what the decode function reads per step costs more than its hot-loop time: the next
+    call with the same cache buffers and a query of the same signature reuses the step,
+    checking only what can change between steps (as `eager_decode.warm_step` does).
+    """
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.known = None
+
+    def remember(self, query, cache, run):
+        if type(cache) is kv_cache.KVCache:
+            buffers = weakref.ref(cache.key), weakref.ref(cache.value)  # not kept alive
+            signature = type(query), query.shape, query.stride(), query.dtype, query.device
+            self.known = (*buffers, *signature, self.layer._dtype_policy, run)
+
+    def for_call(self, query, cache, index):
+        """The remembered step if it serves this call (the int `index` checked), else None."""
+        known = self.known
+        if known is None or type(cache) is not kv_cache.KVCache or type(index) is not int:
+            return None
+        key, value, kind, shape, stride, dtype, device, policy, run = known
+        if cache.key is not key() or cache.value is not value() or type(query) is not kind:
+            return None
+        if query.shape != shape or query.dtype is not dtype or query.stride() != stride:
+            return None
+        if not 0 < index <= cache.key.shape[2] - shape[1] or query.device != device:
+            return None
+        if self.layer._dtype_policy is not policy:
+            return None
+        if getattr(query, "_keras_mask", None) is not None:
+            return None
+        return run if eager_decode.no_call_machinery(self.layer) else None
+
+
+def _tensor_signature(*tensors):
+    """Shape, strides, dtype and device of each tensor (None stays None): what Dynamo's
+    tensor guards compare."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors)
 
 
 def _check_write(query, cache, index):

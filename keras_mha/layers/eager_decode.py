@@ -147,7 +147,7 @@ def _nothing_switched_on(layer, query):
         return False
     if getattr(query, "_keras_mask", None) is not None or attention_probe.is_recording(layer):
         return False
-    return not _on_meta_device() and _no_call_machinery(layer)
+    return not _on_meta_device() and no_call_machinery(layer)
 
 
 # layer -> (weak references to the key and value buffers of the cache it last checked,
@@ -216,6 +216,18 @@ def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
     torch = _torch()
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
+    return keras_call_adds_nothing(layer, query, cache, cache_index, attention_mask)
+
+
+def keras_call_adds_nothing(layer, query, cache, cache_index, attention_mask):
+    """`can_skip_keras_call` without its autograd and tracing conditions: for a caller
+    that runs `layer.call` under `torch.no_grad()` itself (the compiled decode step).
+
+    Example:
+        >>> keras_call_adds_nothing(layer, token, cache, 5, None)  # doctest: +SKIP
+        True
+    """
+    torch = _torch()
     if not isinstance(query, torch.Tensor) or getattr(query, "_keras_mask", None) is not None:
         return False
     if type(cache) not in (tuple, list, kv_cache.KVCache) or len(cache) != 2:
@@ -249,13 +261,18 @@ def _layer_call_is_plain(layer, dtype):
     compute_dtype = policy.compute_dtype
     if compute_dtype != policy.variable_dtype or kv_cache.dtype_name(dtype) != compute_dtype:
         return False
-    return _no_call_machinery(layer)
+    return no_call_machinery(layer)
 
 
-def _no_call_machinery(layer):
+def no_call_machinery(layer):
     """None of what `__call__` adds and can be switched on at any time is on for `layer`:
     an input spec, an activity regularizer, a Keras scope or distribution, torch hooks,
-    `Module.compile()`."""
+    `Module.compile()`.
+
+    Example:
+        >>> no_call_machinery(layer)  # doctest: +SKIP
+        True
+    """
     if layer.input_spec is not None or layer.activity_regularizer is not None:
         return False
     if _in_keras_scope():

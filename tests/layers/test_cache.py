@@ -235,6 +235,30 @@ def test_compiled_torch_decode_from_a_one_token_prompt():
         np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_compiled_torch_decode_alternates_caches_and_refuses_an_overrun_after_warm_steps():
+    """Two caches of different lengths decoded in turns by one compiled decode function
+    (its step over `layer.call` is kept per tensor signature, and the last one is reused
+    only for the same cache): both equal the full pass; a warm step's overrun is refused."""
+    x = ops.convert_to_tensor(random_inputs(1, 6, 16))
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True)
+    layer(x)
+    randomise(layer)
+    expected = ops.convert_to_numpy(layer(x))
+    decode = layer.make_decode_function(compile_torch=True)
+    caches = {8: layer.init_cache(1, 8), 6: layer.init_cache(1, 6)}
+    outputs = {length: [] for length in caches}
+    for position in range(6):
+        for length, cache in caches.items():
+            output, caches[length] = decode(x[:, position : position + 1], cache, position)
+            outputs[length].append(ops.convert_to_numpy(output))
+    for got in outputs.values():
+        np.testing.assert_allclose(np.concatenate(got, axis=1), expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"`cache_index`=6 overruns.*max_length is 6"):
+        decode(x[:, :1], caches[6], 6)
+
+
 # ----------------------------------------------------------- single-token path
 @pytest.mark.parametrize("num_heads, num_kv_heads, window", [(8, 2, 3), (4, 1, None)])
 def test_single_token_steps_match_generic_path_and_numpy(num_heads, num_kv_heads, window):
