@@ -6,7 +6,7 @@ are captured at one position (a Python int index, as an eager loop passes it) in
 left is the kernels' own time. Replays of the two take turns (7 rounds of 100 replays,
 CUDA events); the same loop without the graphs gives the eager figures. Needs a CUDA GPU.
 
-    KERAS_BACKEND=torch python tools/cuda_graph_decode.py
+    KERAS_BACKEND=torch python -m tools.cuda_graph_decode   # from the repository root
 """
 
 import os

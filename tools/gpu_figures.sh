@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of docs/guides/gpu.md: the layer decode step at context 8192 and the
+# The GPU checks of docs/guides/gpu.md: the layer decode step at context 8192 (also
+# replayed from a CUDA graph, tools/cuda_graph_decode.py) and the
 # whole-model bench at full size (PyTorch and JAX, bfloat16), then both suite legs side by
 # side. Each step runs under a time limit so that a slow one cannot eat the others' time;
 # the suites get what is left of SECONDS (default 600). Logs go to OUTDIR (with ARCHIVE
@@ -52,6 +53,7 @@ if [ "$part" != suite ]; then
   step decode-torch-compiled 150 env KERAS_BACKEND=torch "$python" -m benchmarks layers \
     "${decode[@]}" --torch-compile
   step decode-jax 90 env KERAS_BACKEND=jax "$python" -m benchmarks layers "${decode[@]}"
+  step decode-cuda-graph 60 env KERAS_BACKEND=torch "$python" -m tools.cuda_graph_decode
   step model-torch 150 env KERAS_BACKEND=torch "$python" -m benchmarks model --full-size \
     --format markdown
   step model-jax 150 env KERAS_BACKEND=jax "$python" -m benchmarks model --full-size \
@@ -68,7 +70,7 @@ cat "$out/steps.txt"
 for log in "$out"/decode-*.log "$out"/model-*.log; do
   [ -e "$log" ] || continue
   echo "== $(basename "$log")"
-  grep -E "^\||^(keras-mha|shapes|roofline|meta-llama)|Error" "$log" | tail -30
+  grep -E "^\||^(keras-mha|shapes|roofline|meta-llama|GQA|MHA)|Error" "$log" | tail -30
 done
 for log in "$out"/suite-*.log; do
   [ -e "$log" ] || continue
