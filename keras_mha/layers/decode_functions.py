@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import types
-import weakref
 
 import keras
 import numpy as np
@@ -182,16 +181,7 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature):
     # dynamic only when a later call changes its size, which a one-signature step never sees.
     compiled = torch.compile(forward, dynamic=None if one_signature else False, options=options)
     first_call = [True]
-    set_grad_enabled = torch._C._set_grad_enabled  # `no_grad()` without its wrapper
-
-    def run_tensors(inputs, mask, caches, index):
-        """The compiled step on torch tensors (`index` one too), with autograd off."""
-        enabled = torch.is_grad_enabled()
-        set_grad_enabled(False)
-        try:
-            return compiled(inputs, mask, caches, index)
-        finally:
-            set_grad_enabled(enabled)
+    run_tensors = _without_autograd(compiled)  # on torch tensors, `index` one too
 
     def step(inputs, mask, caches, index):
         if first_call[0]:
@@ -227,21 +217,28 @@ def _with_own_code(function):
 
 
 def _eager_torch_step(forward, static_index):
+    if static_index:  # a prefill: position 0 whatever `index` is
+        return _without_autograd(lambda inputs, mask, caches, _: forward(inputs, mask, caches, 0))
+    return _without_autograd(forward)
+
+
+def _without_autograd(function):
+    """`function`, called with autograd off: what `torch.no_grad()` does, without its
+    context-manager wrapper, which cost 3x as much as switching the mode (about a fused
+    kernel launch per step)."""
     import torch
 
-    # What `torch.no_grad()` does, without its context-manager wrapper, which cost
-    # 3x as much as switching the mode (about a fused kernel launch per step).
     set_grad_enabled = torch._C._set_grad_enabled
 
-    def step(inputs, mask, caches, index):
+    def call(*args):
         enabled = torch.is_grad_enabled()
         set_grad_enabled(False)
         try:
-            return forward(inputs, mask, caches, 0 if static_index else index)
+            return function(*args)
         finally:
             set_grad_enabled(enabled)
 
-    return step
+    return call
 
 
 def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
@@ -303,12 +300,13 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
             layer._called = True  # what Layer.__call__ would record
         return found
 
-    last_direct = _LastDirectStep(layer)
+    # `eager_decode.remember_step(...)` of the last direct step, its payload the step.
+    last_direct = [None]
 
     def decode(query, cache, cache_index, attention_mask=None):
-        if attention_mask is None:
-            run = last_direct.for_call(query, cache, cache_index)
-            if run is not None:  # a step that ran before: its tensors are converted
+        if attention_mask is None:  # a step that ran before (at 0: the prefill's place)
+            run = eager_decode.last_step(last_direct[0], layer, query, cache, cache_index, 1)
+            if run is not None:  # its tensors were converted then, as they are now
                 return run.run_tensors(query, None, cache, _index_tensor(cache_index))
         run = step
         if _is_int(cache_index):
@@ -317,7 +315,7 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
             elif checked_step is not step and _check_write(query, cache, cache_index):
                 run = direct_step(query, attention_mask, cache, cache_index) or checked_step
                 if run is not checked_step and attention_mask is None:
-                    last_direct.remember(query, cache, run)
+                    last_direct[0] = eager_decode.remember_step(layer, query, cache, run)
         return run(query, attention_mask, cache, cache_index)
 
     return decode
@@ -326,44 +324,6 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
 # Compiled steps over `layer.call` a PyTorch decode function keeps, one per signature of
 # its tensors; further signatures take the step through `Layer.__call__`.
 _DIRECT_SIGNATURES = 32
-
-
-class _LastDirectStep:
-    """The compiled step over `layer.call` that a decode function took last, and for what.
-
-    A step runs after the Python of the step before has left the CPU's caches cold, so
-    what the decode function reads per step costs more than its hot-loop time: the next
-    call with the same cache buffers and a query of the same signature reuses the step,
-    checking only what can change between steps (as `eager_decode.warm_step` does).
-    """
-
-    def __init__(self, layer):
-        self.layer = layer
-        self.known = None
-
-    def remember(self, query, cache, run):
-        if type(cache) is kv_cache.KVCache:
-            buffers = weakref.ref(cache.key), weakref.ref(cache.value)  # not kept alive
-            signature = type(query), query.shape, query.stride(), query.dtype, query.device
-            self.known = (*buffers, *signature, self.layer._dtype_policy, run)
-
-    def for_call(self, query, cache, index):
-        """The remembered step if it serves this call (the int `index` checked), else None."""
-        known = self.known
-        if known is None or type(cache) is not kv_cache.KVCache or type(index) is not int:
-            return None
-        key, value, kind, shape, stride, dtype, device, policy, run = known
-        if cache.key is not key() or cache.value is not value() or type(query) is not kind:
-            return None
-        if query.shape != shape or query.dtype is not dtype or query.stride() != stride:
-            return None
-        if not 0 < index <= cache.key.shape[2] - shape[1] or query.device != device:
-            return None
-        if self.layer._dtype_policy is not policy:
-            return None
-        if getattr(query, "_keras_mask", None) is not None:
-            return None
-        return run if eager_decode.no_call_machinery(self.layer) else None
 
 
 def _tensor_signature(*tensors):

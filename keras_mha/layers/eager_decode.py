@@ -93,8 +93,7 @@ def call_directly(layer, query, cache, cache_index, attention_mask):
             # `can_skip_keras_call` found no Keras scope: variables hold their values.
             if _on_meta_device():
                 return step(layer, query, cache, start, None, options, _keras_value)
-            buffers = weakref.ref(cache.key), weakref.ref(cache.value)  # not kept alive here
-            _WARM[layer] = (*buffers, query.shape, query.dtype, layer._dtype_policy, options)
+            _WARM[layer] = remember_step(layer, query, cache, options)
             return step(layer, query, cache, start, None, options, _stored_value)
     output, cache = layer.call(
         query, attention_mask=attention_mask, cache=cache, cache_index=cache_index
@@ -103,9 +102,8 @@ def call_directly(layer, query, cache, cache_index, attention_mask):
     return output, cache
 
 
-# layer -> (weak references to the key and value buffers, query shape and dtype, dtype
-# policy, options) of the last step that `call_directly` sent straight to `step`; what
-# `warm_step` compares with.
+# layer -> `remember_step(...)` of the last step that `call_directly` sent straight to
+# `step` (its payload the attention options); what `warm_step` compares with.
 _WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -114,40 +112,69 @@ def warm_step(layer, query, cache, cache_index):
     direct step, else None (the caller then checks everything, as `can_skip_keras_call`
     and `call_directly`).
 
-    "Nothing changed": the same cache buffers, a query of the same type, shape and
-    dtype with no Keras mask, an int position the cache has room for, no mask, the same
-    dtype policy, and nothing that can be switched on between steps: autograd, tracing,
-    Keras scopes or a distribution, a `meta` default device, torch hooks, an input spec,
-    an activity regularizer, `Module.compile()`, attention recording. What those checks
+    "Nothing changed": what `last_step` compares (the same cache, query and dtype
+    policy, room for the query, nothing of `Layer.__call__` switched on), and no mask,
+    autograd, tracing, a `meta` default device or attention recording. What those checks
     read at every step costs about a tenth of a small step (measured at context 2048).
 
     Example:
         >>> with torch.no_grad():  # doctest: +SKIP
         ...     output, cache = warm_step(layer, token, cache, 9) or layer(token, ...)
     """
-    known = _WARM.get(layer)
-    if known is None or type(cache) is not kv_cache.KVCache or type(cache_index) is not int:
-        return None
-    key, value, shape, dtype, policy, options = known
-    if cache.key is not key() or cache.value is not value() or type(query) is not _torch().Tensor:
-        return None
-    if query.shape != shape or query.dtype is not dtype or not 0 <= cache_index:
-        return None
-    if cache_index + shape[1] > cache.key.shape[2] or layer._dtype_policy is not policy:
-        return None
-    if not _nothing_switched_on(layer, query):
+    options = last_step(_WARM.get(layer), layer, query, cache, cache_index)
+    if options is None or not _nothing_else_switched_on(layer):
         return None
     return step(layer, query, cache, cache_index, None, options, _stored_value)
 
 
-def _nothing_switched_on(layer, query):
-    """What `warm_step` checks of torch, Keras and the layer at every step (see there)."""
+def _nothing_else_switched_on(layer):
+    """What `warm_step` checks of torch and Keras beyond `last_step` (see there)."""
     torch = _torch()
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    if getattr(query, "_keras_mask", None) is not None or attention_probe.is_recording(layer):
-        return False
-    return not _on_meta_device() and no_call_machinery(layer)
+    return not attention_probe.is_recording(layer) and not _on_meta_device()
+
+
+def remember_step(layer, query, cache, payload):
+    """What `last_step` compares a later decode call with: the cache buffers (by weak
+    reference, so a dropped cache is freed), the query's type, shape, strides, dtype and
+    device, the layer's dtype policy, and `payload` (what the caller needs to run the
+    step again). None for a cache that is not a `KVCache`.
+
+    Example:
+        >>> known = remember_step(layer, token, cache, options)  # doctest: +SKIP
+    """
+    if type(cache) is not kv_cache.KVCache:
+        return None
+    buffers = weakref.ref(cache.key), weakref.ref(cache.value)
+    signature = type(query), query.shape, query.stride(), query.dtype, query.device
+    return (*buffers, *signature, layer._dtype_policy, payload)
+
+
+def last_step(known, layer, query, cache, index, first=0):
+    """The payload of `known` (a `remember_step` result, or None) when this call is like
+    that one, else None: the same cache buffers, a query of the same signature with no
+    Keras mask, an int `index` from `first` on with room for the query, the same dtype
+    policy, and none of `Layer.__call__`'s machinery switched on (`no_call_machinery`).
+    Each step of a decode loop checks only these, since the rest cannot change between
+    steps; after a step has left the CPU's caches cold, a full check costs several times
+    its hot-loop time.
+
+    Example:
+        >>> options = last_step(known, layer, token, cache, 9)  # doctest: +SKIP
+    """
+    if known is None or type(cache) is not kv_cache.KVCache or type(index) is not int:
+        return None
+    key, value, kind, shape, stride, dtype, device, policy, payload = known
+    if cache.key is not key() or cache.value is not value() or type(query) is not kind:
+        return None
+    if query.shape != shape or query.dtype is not dtype or query.stride() != stride:
+        return None
+    if not first <= index <= cache.key.shape[2] - shape[1] or query.device != device:
+        return None
+    if layer._dtype_policy is not policy or getattr(query, "_keras_mask", None) is not None:
+        return None
+    return payload if no_call_machinery(layer) else None
 
 
 # layer -> (weak references to the key and value buffers of the cache it last checked,
