@@ -8,4 +8,4 @@ Example:
     2
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
