@@ -31,6 +31,7 @@ import math
 import time
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_checkpoint_arguments,
     check_checkpoint_arguments,
     fit_text_batching_to_model,
@@ -87,6 +88,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "Keras fit, and write a Hub checkpoint that transformers loads, with a report of "
             "the KV cache, parameters and held-out quality before and after."
         ),
+        epilog=BACKEND_EPILOG,
     )
     add_checkpoint_arguments(
         parser, data_help="plain UTF-8 text to measure on and uptrain with (its end held out)"

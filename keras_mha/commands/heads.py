@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_hub_arguments,
     add_text_batching_arguments,
     fit_text_batching_to_model,
@@ -49,6 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "small window, everything; syntactic relations with --conllu), with each "
             "head's importance and which roles survive pruning (--importance)."
         ),
+        epilog=BACKEND_EPILOG,
     )
     parser.add_argument(
         "model",

@@ -83,6 +83,14 @@ def positive_int_type(flag: str):
     return convert
 
 
+#: The `--help` epilog of the commands that run a model (`heads`, `prune`, `convert`).
+BACKEND_EPILOG = (
+    "Models run on the Keras backend that KERAS_BACKEND names: jax, torch or tensorflow "
+    "(e.g. KERAS_BACKEND=jax keras-mha ...). Unset, Keras's own choice (~/.keras/keras.json, "
+    "else tensorflow), or the backend installed when that one is not."
+)
+
+
 #: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
 DEFAULT_MAX_TOKENS = 16384
 DEFAULT_SEQ_LEN = 128

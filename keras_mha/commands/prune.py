@@ -36,6 +36,7 @@ import warnings
 from pathlib import Path
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_checkpoint_arguments,
     check_checkpoint_arguments,
     fit_text_batching_to_model,
@@ -97,6 +98,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "ones, and write a Hub checkpoint (config.json + safetensors + tokenizer) that "
             "transformers loads, with a before/after report."
         ),
+        epilog=BACKEND_EPILOG,
     )
     add_checkpoint_arguments(parser, data_help="plain UTF-8 text to score on and measure with")
     parser.add_argument(
