@@ -38,6 +38,7 @@ from keras_mha.commands.options import (
     load_checkpoint,
     positive_int_type,
 )
+from keras_mha.commands.terminal import report_width
 from keras_mha.errors import PruningError, UsageError
 
 METHODS = ("mean", "first", "regroup")  # = keras_mha.layers.kv_conversion.METHODS
@@ -326,7 +327,7 @@ def run(arguments) -> int:
 
     uptraining, uptrain_seconds = None, None
     if arguments.steps:
-        progress_enabled = None if arguments.format != "json" else False
+        progress_enabled = None  # on stderr, when it is a terminal, whatever the format
         uptraining, uptrain_seconds = _uptrain(model, kind, train, arguments, progress_enabled)
         measure_started = time.perf_counter()
         quality["uptrained"], _ = _quality(model, kind, held_out, arguments.batch_size, reference)
@@ -371,5 +372,5 @@ def run(arguments) -> int:
     elif arguments.format == "markdown":
         write_stdout(render_markdown(report))
     else:
-        write_stdout(render_table(report))
+        write_stdout(render_table(report, report_width(wide=arguments.wide)))
     return 0

@@ -429,6 +429,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, data_help: str)
     shared.add_argument(
         "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
     )
+    add_wide_argument(shared)
     add_hub_arguments(shared)
 
 

@@ -43,6 +43,7 @@ from keras_mha.commands.options import (
     load_checkpoint,
     positive_int_type,
 )
+from keras_mha.commands.terminal import report_width
 from keras_mha.errors import ExportError, PruningError, UsageError
 
 METHODS = ("taylor", "ablation", "magnitude")
@@ -403,7 +404,7 @@ def run(arguments) -> int:
     from keras_mha.pruning import get_head_gates, prune_heads, set_head_gates
 
     json_output = arguments.format == "json"
-    progress_enabled = None if not json_output else False
+    progress_enabled = None  # on stderr, when it is a terminal, whatever the format
     model = load_checkpoint(arguments, arguments.source)
     kind = exporting.model_kind(model)
     fit_text_batching_to_model(model, arguments)
@@ -462,6 +463,7 @@ def run(arguments) -> int:
             "batches": len(data.batch_tokens(arguments.batch_size)),
             "sequence_length": int(sequence_length),
         },
+        "flops_sequence_length": int(sequence_length),
         "scoring_seconds": round(scoring_seconds, 3),
         "pruned_heads": {path: [int(h) for h in heads] for path, heads in chosen.items()},
         "before": before,
@@ -471,7 +473,8 @@ def run(arguments) -> int:
     }
     from keras_mha.commands.prune_report import render_table
 
-    text = json.dumps(report, indent=2) if json_output else render_table(report)
+    width = report_width(wide=arguments.wide)
+    text = json.dumps(report, indent=2) if json_output else render_table(report, width)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     return 0

@@ -265,11 +265,14 @@ def test_table_output_and_non_uniform_keras_model(sources, tmp_path, capsys):
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "removed 4 of 16 attention heads (magnitude, policy query, non-uniform" in captured.out
-    assert "KV-cache bytes / token" in captured.out and "perplexity" not in captured.out
+    text = captured.out.replace("\n  ", " ")  # sentences wrapped at 80 columns, joined
+    assert "removed 4 of 16 attention heads (magnitude, policy query, non-uniform" in text
+    assert "KV-cache bytes / token" in text and "perplexity" not in text
     # One query head from every KV group of one layer: the layers differ, so no Hub
     # config can describe the result; a .keras model is written instead.
-    assert "a .keras model (layers keep different head counts" in captured.out
+    assert "a .keras model (layers keep different head counts" in text
+    # 80 columns, sentences wrapped (a path longer than that is never cut).
+    assert all(len(line) <= 80 or " " not in line.strip() for line in captured.out.splitlines())
     assert [p.name for p in out.iterdir()] == ["model.keras"]
     import keras
 
