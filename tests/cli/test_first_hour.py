@@ -117,7 +117,7 @@ VERDICT = {
         (4_061_577, 131_072, "its whole 131,072-token context at batch 1 on L4 24GB (bfloat16 "
          "weights, bfloat16 KV); the memory would hold 4,061,577 tokens, more than the model "
          "can use"),
-        (100_000, 131_072, "100,000 of its 131,072-token context at batch 1"),
+        (100_000, 131_072, "up to 100,000 tokens of its 131,072-token context at batch 1"),
         (100_000, None, "up to 100,000 tokens at batch 1"),
         (None, 131_072, "a context unbounded by memory at batch 1"),
     ],

@@ -314,7 +314,7 @@ def verdict(fits: dict) -> str:
             length = f"its whole {context:,}-token context"
             beyond = f"; the memory would hold {memory:,} tokens, more than the model can use"
         elif context:
-            length = f"{memory:,} of its {context:,}-token context"
+            length = f"up to {memory:,} tokens of its {context:,}-token context"
         else:
             length = f"up to {memory:,} tokens"
         return (
