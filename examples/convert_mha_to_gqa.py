@@ -54,6 +54,11 @@ from keras_mha.models import build_model, save_pretrained
 SEQ_LEN = 128
 METHODS = ("first", "mean", "regroup")
 UPTRAINING_SHARE = 0.05  # Ainslie et al. uptrain for 5% of the pre-training steps
+# `--fast`: the first 1/FAST_TEXT_DIVISOR of the text, FAST_PRETRAIN_EPOCHS pre-training
+# passes and FAST_MINILM_STEPS distillation steps (its help is built from these).
+FAST_TEXT_DIVISOR = 20
+FAST_PRETRAIN_EPOCHS = 2
+FAST_MINILM_STEPS = 4
 
 
 def shipped_text() -> str:
@@ -244,13 +249,19 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="of the uptraining batches")
     parser.add_argument("--skip-decoder", action="store_true")
     parser.add_argument("--skip-minilm", action="store_true")
-    parser.add_argument("--fast", action="store_true", help="smoke test: a sixth of the text")
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help=f"smoke test: the first 1/{FAST_TEXT_DIVISOR} of the text, "
+        f"{FAST_PRETRAIN_EPOCHS} pre-training passes, {FAST_MINILM_STEPS} MiniLM steps",
+    )
     arguments = parser.parse_args(argv)
     keras.utils.set_random_seed(0)
     text = shipped_text()
     if arguments.fast:
-        text = text[: len(text) // 20]
-        arguments.pretrain_epochs, arguments.minilm_steps = 2, 4
+        text = text[: len(text) // FAST_TEXT_DIVISOR]
+        arguments.pretrain_epochs = FAST_PRETRAIN_EPOCHS
+        arguments.minilm_steps = FAST_MINILM_STEPS
     work = Path(tempfile.mkdtemp(prefix="convert_mha_to_gqa_"))
     text_file = work / "reference.txt"
     text_file.write_text(text)
