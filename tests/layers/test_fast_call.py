@@ -1,5 +1,6 @@
 """The eager PyTorch step of `GroupedQueryAttention.make_decode_function`, which skips
-Keras's `Layer.__call__` (layers/_eager_decode().py), and head gates on the eager paths.
+Keras's `Layer.__call__` (keras_mha/backends/torch/eager_decode.py), and head gates on the
+eager paths.
 
 The direct call must be taken only where `__call__` would add nothing (elsewhere:
 autograd on, a Keras mask, mixed precision, inputs to convert, hooks, not built,
