@@ -73,6 +73,7 @@ def test_a_megabyte_of_device_text_is_parsed_in_one_pass(text):
         (["--seq-len", "9" * 5000], "--seq-len"),
         (["--memory", "80GiB", "--memory-utilization", "0." + "9" * 5000], "--memory-utilization"),
         (["--kv-dtype", "b" * 5000], "--kv-dtype"),
+        (["--batch", "9" * 5000], "--batch"),
     ],
 )
 def test_an_overlong_flag_value_is_one_short_line(capsys, flags, flag):
