@@ -24,7 +24,9 @@ Prints two markdown tables (the ones in docs/guides/mha-to-gqa.md). On 2 CPU cor
 shared with other jobs the decoder part took 50 minutes (34 of them pre-training) and
 the MiniLM part 35; a quiet machine is several times faster. `--skip-decoder` and
 `--skip-minilm` run one part, `--decoder-source` reuses a pre-trained decoder, and
-`--fast` is a smoke test of a minute or two:
+`--fast` is a smoke test on the first twentieth of the text (on 2 CPU cores from 4.3
+minutes to more than 25, depending on the load; its decoder part alone took 24 minutes
+under a load average of 18):
 
     KERAS_BACKEND=jax python examples/convert_mha_to_gqa.py
     KERAS_BACKEND=jax python examples/convert_mha_to_gqa.py --fast
