@@ -161,7 +161,8 @@ def main(argv=None):
     print(f"\nload average at the end: {_load_average()}\n")
     print(
         "| heads chosen by | removed | heads left | mean cosine to original | min cosine | "
-        "parameters (Keras) | attention FLOPs / token | latency original → pruned (ms) | "
+        f"parameters (Keras) | attention FLOPs / token at {data.token_ids.shape[1]} tokens | "
+        "latency original → pruned (ms) | "
         "pruned / original latency | scoring (s) | transformers vs Keras embeddings, max abs |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -11,11 +11,13 @@ Example:
     True
 """
 
-from keras_mha import moved_paths
+from keras_mha import backend_choice, moved_paths
 from keras_mha.version import __version__
 
 # The module paths that moved in 0.3 keep importing, with a DeprecationWarning.
 moved_paths.install()
+# Before the first `import keras`: a backend that is installed, or one line saying none is.
+backend_choice.install()
 
 # Names resolved lazily (PEP 562) so `import keras_mha` never imports keras.
 _LAZY_LAYER_EXPORTS = (

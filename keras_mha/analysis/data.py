@@ -88,10 +88,18 @@ def model_tokenizer(model, tokenizer, argument="tokenizer"):
                 "the path of a tokenizer.json) to read text",
                 key=argument,
             )
-        return load_tokenizer(directory)
+        return load_tokenizer(directory, **_reading_text(argument))
     path = Path(tokenizer)
     folder = path.parent if path.name == TOKENIZER_FILE_NAME else path
-    return load_tokenizer(folder, argument=argument)
+    return load_tokenizer(folder, argument=argument, **_reading_text(argument))
+
+
+def _reading_text(argument: str) -> dict:
+    """How `load_tokenizer`'s errors name what it reads: `heads --text`, or `head_roles`'s
+    `data` (the flag or argument that names the tokenizer tells which)."""
+    if argument.startswith("--"):
+        return {"reads": "--text", "extra": "heads", "instead": f"pass {argument} FILE"}
+    return {"reads": "data", "extra": "heads", "instead": f"pass {argument}="}
 
 
 def checkpoint_tokenizer(model):

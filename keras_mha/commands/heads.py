@@ -21,11 +21,14 @@ import json
 from pathlib import Path
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_hub_arguments,
     add_text_batching_arguments,
+    add_wide_argument,
     fit_text_batching_to_model,
 )
 from keras_mha.commands.output import write_stdout
+from keras_mha.commands.terminal import report_width
 from keras_mha.errors import MissingDependencyError, UnsupportedModelError, UsageError
 
 IMPORTANCE_METHODS = ("taylor", "ablation", "magnitude")
@@ -49,6 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "small window, everything; syntactic relations with --conllu), with each "
             "head's importance and which roles survive pruning (--importance)."
         ),
+        epilog=BACKEND_EPILOG,
     )
     parser.add_argument(
         "model",
@@ -85,6 +89,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype", choices=DTYPES, help="load and compute in this dtype (default: checkpoint's)"
     )
+    add_wide_argument(parser)
     add_hub_arguments(parser)
     parser.set_defaults(run=run)
     return parser
@@ -227,7 +232,7 @@ def run(arguments) -> int:
     fit_text_batching_to_model(model, arguments)
     _require_attention(model, arguments)
     tokenizer = model_tokenizer(model, arguments.tokenizer, argument="--tokenizer")
-    progress = None if arguments.format != "json" else False
+    progress = None  # on stderr, when it is a terminal, whatever the format
     importance = None
     if arguments.importance is not None:
         importance = _importance(model, text, tokenizer, arguments, progress)
@@ -260,7 +265,7 @@ def run(arguments) -> int:
     elif arguments.format == "markdown":
         output = result.markdown()
     else:
-        output = result.table()
+        output = result.table(report_width(wide=arguments.wide))
     write_stdout(output)
     return 0
 

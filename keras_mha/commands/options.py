@@ -21,7 +21,11 @@ import argparse
 import math
 
 from keras_mha.cards.planner import units
-from keras_mha.cards.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_fraction
+from keras_mha.cards.planner.devices import (
+    DEFAULT_MEMORY_UTILIZATION,
+    parse_device_count,
+    parse_fraction,
+)
 from keras_mha.errors import UsageError
 from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 
@@ -66,16 +70,25 @@ def dtype_type(flag: str):
 
 def positive_int_type(flag: str):
     def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        digits = _argparse_type(units.bounded_text, flag)(text).strip().removeprefix("-")
+        # ASCII digits only, as `keras_mha.plan` takes them: int() would also read "٢".
+        if not (digits.isascii() and digits.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        value = int(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
         return value
 
     convert.__name__ = flag
     return convert
+
+
+#: The `--help` epilog of the commands that run a model (`heads`, `prune`, `convert`).
+BACKEND_EPILOG = (
+    "Models run on the Keras backend that KERAS_BACKEND names: jax, torch or tensorflow "
+    "(e.g. KERAS_BACKEND=jax keras-mha ...). Unset, Keras's own choice (~/.keras/keras.json, "
+    "else tensorflow), or the backend installed when that one is not."
+)
 
 
 #: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
@@ -234,13 +247,13 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpus",
-        type=positive_int_type("--gpus"),
+        type=_argparse_type(parse_device_count, "--gpus"),
         metavar="N",
         help="number of devices of --gpu or --memory (same as 2xH100; default 1)",
     )
     parser.add_argument(
         "--pipeline-parallel",
-        type=positive_int_type("--pipeline-parallel"),
+        type=_argparse_type(parse_device_count, "--pipeline-parallel"),
         default=1,
         metavar="P",
         help="pipeline stages the devices form (default 1); each stage splits its layers "
@@ -416,6 +429,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, data_help: str)
     shared.add_argument(
         "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
     )
+    add_wide_argument(shared)
     add_hub_arguments(shared)
 
 

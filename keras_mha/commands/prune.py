@@ -36,12 +36,14 @@ import warnings
 from pathlib import Path
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_checkpoint_arguments,
     check_checkpoint_arguments,
     fit_text_batching_to_model,
     load_checkpoint,
     positive_int_type,
 )
+from keras_mha.commands.terminal import report_width
 from keras_mha.errors import ExportError, PruningError, UsageError
 
 METHODS = ("taylor", "ablation", "magnitude")
@@ -97,6 +99,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "ones, and write a Hub checkpoint (config.json + safetensors + tokenizer) that "
             "transformers loads, with a before/after report."
         ),
+        epilog=BACKEND_EPILOG,
     )
     add_checkpoint_arguments(parser, data_help="plain UTF-8 text to score on and measure with")
     parser.add_argument(
@@ -400,7 +403,7 @@ def run(arguments) -> int:
     from keras_mha.pruning import get_head_gates, prune_heads, set_head_gates
 
     json_output = arguments.format == "json"
-    progress_enabled = None if not json_output else False
+    progress_enabled = None  # on stderr, when it is a terminal, whatever the format
     model = load_checkpoint(arguments, arguments.source)
     kind = exporting.model_kind(model)
     fit_text_batching_to_model(model, arguments)
@@ -459,6 +462,7 @@ def run(arguments) -> int:
             "batches": len(data.batch_tokens(arguments.batch_size)),
             "sequence_length": int(sequence_length),
         },
+        "flops_sequence_length": int(sequence_length),
         "scoring_seconds": round(scoring_seconds, 3),
         "pruned_heads": {path: [int(h) for h in heads] for path, heads in chosen.items()},
         "before": before,
@@ -468,7 +472,8 @@ def run(arguments) -> int:
     }
     from keras_mha.commands.prune_report import render_table
 
-    text = json.dumps(report, indent=2) if json_output else render_table(report)
+    width = report_width(wide=arguments.wide)
+    text = json.dumps(report, indent=2) if json_output else render_table(report, width)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     return 0

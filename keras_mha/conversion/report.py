@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from keras_mha.cards.rendering.formatting import format_bytes
 from keras_mha.cards.rendering.report import markdown_text, terminal_text
+from keras_mha.cards.rendering.text import DEFAULT_WIDTH, wrap
 
 QUALITY_LABELS = {
     "perplexity": "perplexity (held out)",
@@ -192,8 +193,9 @@ def _export_line(report, text):
     )
 
 
-def render_table(report) -> str:
-    """The report as aligned text (what `--format table` prints).
+def render_table(report, width=DEFAULT_WIDTH) -> str:
+    """The report as aligned text (what `--format table` prints); its sentences wrap within
+    `width` columns (`UNLIMITED`: `--wide`), continued two spaces in.
 
     Example:
         >>> print(render_table(report))  # doctest: +SKIP
@@ -208,10 +210,14 @@ def render_table(report) -> str:
             for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    lines = _summary_lines(report, terminal_text)
+    lines = [
+        part
+        for text in _summary_lines(report, terminal_text)
+        for part in wrap(text, width, "", "  ")
+    ]
     lines += ["", line(header), *(line(row) for row in rows), ""]
-    lines.append(_time_line(report))
-    lines.append(_export_line(report, terminal_text))
+    lines += wrap(_time_line(report), width, "", "  ")
+    lines += wrap(_export_line(report, terminal_text), width, "", "  ")
     return "\n".join(lines)
 
 

@@ -267,6 +267,8 @@ def read_family(reader, family: Family) -> dict:
         hook(reader, fields)
     if "head_dim" not in fields:
         fields["head_dim"] = rules.derived_head_dim(reader, fields)
+        if family.head_size_in_config == "derived":
+            rules.note_ignored_head_dim(reader, fields)
     fields.setdefault("layer_kinds", ("full",) * fields["num_hidden_layers"])
     return fields
 

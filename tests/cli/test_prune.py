@@ -9,6 +9,7 @@ their definitions. Bad input gives one line, the documented exit code and no out
 """
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -265,11 +266,14 @@ def test_table_output_and_non_uniform_keras_model(sources, tmp_path, capsys):
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "removed 4 of 16 attention heads (magnitude, policy query, non-uniform" in captured.out
-    assert "KV-cache bytes / token" in captured.out and "perplexity" not in captured.out
+    text = captured.out.replace("\n  ", " ")  # sentences wrapped at 80 columns, joined
+    assert "removed 4 of 16 attention heads (magnitude, policy query, non-uniform" in text
+    assert "KV-cache bytes / token" in text and "perplexity" not in text
     # One query head from every KV group of one layer: the layers differ, so no Hub
     # config can describe the result; a .keras model is written instead.
-    assert "a .keras model (layers keep different head counts" in captured.out
+    assert "a .keras model (layers keep different head counts" in text
+    # 80 columns, sentences wrapped (a path longer than that is never cut).
+    assert all(len(line) <= 80 or " " not in line.strip() for line in captured.out.splitlines())
     assert [p.name for p in out.iterdir()] == ["model.keras"]
     import keras
 
@@ -416,3 +420,18 @@ def test_a_last_encoder_batch_of_one_sentence_joins_the_one_before(sentences, ba
         bounds = [(start, start + 16) for start in range(0, 80, 16)] + [(80, 97)]
     assert data.batch_bounds(batch_size) == bounds
     assert data.batch_tokens(batch_size) == [3 * (stop - start) for start, stop in bounds]
+
+
+@torch_leg_only
+def test_progress_draws_on_a_terminal_whatever_the_format(sources, tmp_path, capsys, monkeypatch):
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # stderr a terminal, stdout JSON
+    arguments = [
+        "prune", sources["decoder"], "--target", "50%", "--method", "taylor", "--data",
+        sources["text"], "--seq-len", "16", "--batch-size", "4", "--out", tmp_path / "o",
+        "--latency-runs", "1", "--format", "json",
+    ]  # fmt: skip
+    assert main([str(argument) for argument in arguments]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["flops_sequence_length"] == 16
+    assert "\r" in captured.err and " batches" in captured.err  # the scoring progress bar

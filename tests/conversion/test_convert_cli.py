@@ -112,6 +112,7 @@ def test_decoder_converts_uptrains_exports_and_reports(sources, tmp_path, capsys
     for text in (table, markdown):
         assert "KV heads per layer" in text and "perplexity (held out)" in text
     assert markdown.count("\n|") >= 6 and "uptrained" in table
+    assert all(len(line) <= 80 or " " not in line.strip() for line in table.splitlines())
 
 
 @torch_leg_only

@@ -293,8 +293,9 @@ def suggestion_text(suggestion: dict, fits: dict) -> str:
 
 
 def verdict(fits: dict) -> str:
-    """The answer in one sentence, e.g. `serving fits: yes, up to 531,224 tokens at batch 1
-    on H100 80GB SXM (bfloat16 weights, bfloat16 KV)`.
+    """The answer in one sentence, e.g. `serving fits: yes, its whole 8,192-token context at
+    batch 1 on H100 80GB SXM (bfloat16 weights, bfloat16 KV); the memory would hold 463,088
+    tokens, more than the model can use`: what the model can use, then what memory holds.
 
     Example:
         >>> verdict({"serving_fits": False, "weights_fit": False, "weights_bytes": 2**31,
@@ -304,11 +305,22 @@ def verdict(fits: dict) -> str:
     """
     what = f"({fits['weights_dtype']} weights, {fits['kv_dtype']} KV)"
     if fits["serving_fits"]:
-        if fits["max_seq_len"] is None:
+        memory, context = fits["max_seq_len"], fits.get("context_length")
+        beyond = ""
+        if memory is None:
             length = "a context unbounded by memory"
+        elif context and memory > context:
+            # Say what the model can use first; what memory would hold is not a promise.
+            length = f"its whole {context:,}-token context"
+            beyond = f"; the memory would hold {memory:,} tokens, more than the model can use"
+        elif context:
+            length = f"up to {memory:,} tokens of its {context:,}-token context"
         else:
-            length = f"up to {_length(fits['max_seq_len'], fits)} tokens"
-        return f"serving fits: yes, {length} at batch {fits['batch']:,} on {_where(fits)} {what}"
+            length = f"up to {memory:,} tokens"
+        return (
+            f"serving fits: yes, {length} at batch {fits['batch']:,} on {_where(fits)} "
+            f"{what}{beyond}"
+        )
     if not fits["weights_fit"]:
         text = (
             f"serving does not fit: the weights need {format_bytes(fits['weights_bytes'])} per "
