@@ -141,12 +141,12 @@ HEAVY = ["keras", "tensorflow", "jax", "torch", "transformers", "numpy", "huggin
 # `typing` costs a few ms at import; inspect's start-up does without it.
 STARTUP_HEAVY = [*HEAVY, "typing"]
 # `keras-mha inspect`'s side of the package: every module of these is imported.
-COST_SIDE = ("keras_mha.hub", "keras_mha.cards.planner", "keras_mha.cards.rendering")
+COST_SIDE = ("keras_mha.hub", "keras_mha.planning.planner", "keras_mha.planning.render")
 COST_SIDE_MODULES = (
-    "keras_mha.cards",
-    "keras_mha.cards.spec",
-    "keras_mha.cards.costs",
-    "keras_mha.cards.plan",
+    "keras_mha.planning",
+    "keras_mha.planning.spec",
+    "keras_mha.planning.costs",
+    "keras_mha.planning.plan",
 )
 
 _PROBE = """

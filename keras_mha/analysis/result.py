@@ -301,7 +301,7 @@ class HeadRoles:
         Example:
             >>> print(result.markdown())  # doctest: +SKIP
         """
-        from keras_mha.cards.rendering.report import markdown_text as markdown_cell
+        from keras_mha.planning.render.report import markdown_text as markdown_cell
 
         lines = [f"# {markdown_cell(self.summary())}"]
         for title, header, rows, notes in self._sections():

@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
+from keras_mha.planning.render.formatting import format_bytes, format_count, format_thousands
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 PLOT_FORMATS = (".png", ".svg", ".pdf")
@@ -160,10 +160,10 @@ def build_comparison(arguments: argparse.Namespace) -> dict:
     """
     import warnings
 
-    from keras_mha.cards.rendering import report as reports
-    from keras_mha.cards.spec import from_config
     from keras_mha.errors import KerasMHAError
     from keras_mha.hub.config import load_config
+    from keras_mha.planning.render import report as reports
+    from keras_mha.planning.spec import from_config
 
     _check_arguments(arguments)
     request = options.memory_request(arguments)
@@ -364,7 +364,7 @@ def render(comparison: dict, output_format: str, width: int = 80) -> str:
         >>> render({"batch": 1, "seq_len": 8, "kv_dtype": "int8", "models": []}, "json")
         '{\\n  "batch": 1,\\n  "seq_len": 8,\\n  "kv_dtype": "int8",\\n  "models": []\\n}'
     """
-    from keras_mha.cards.rendering.text import UNLIMITED, wrap, wrap_markdown
+    from keras_mha.planning.render.text import UNLIMITED, wrap, wrap_markdown
 
     if output_format == "json":
         import json
@@ -436,13 +436,13 @@ def render(comparison: dict, output_format: str, width: int = 80) -> str:
 
 def _terminal(text) -> str:
     # Model ids and paths come from the command line or a Hub answer: shown, never obeyed.
-    from keras_mha.cards.rendering.report import terminal_text
+    from keras_mha.planning.render.report import terminal_text
 
     return terminal_text(text)
 
 
 def _markdown(text) -> str:
-    from keras_mha.cards.rendering.report import markdown_text
+    from keras_mha.planning.render.report import markdown_text
 
     return markdown_text(text)
 
@@ -480,9 +480,9 @@ def plot_series(comparison: dict, *, total: bool, max_seq_len: int | None) -> di
         >>> series["seq_lens"], series["series"][0]["bytes"][0]
         ([1024, 2048, 4096], 37748736)
     """
-    from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.planner.memory import serving_bytes_function
-    from keras_mha.cards.rendering.memory_report import plan_format
+    from keras_mha.planning.costs import kv_cache_cost
+    from keras_mha.planning.planner.memory import serving_bytes_function
+    from keras_mha.planning.render.memory_report import plan_format
 
     reports, specs = comparison["models"], comparison["_specs"]
     if max_seq_len is None:

@@ -20,13 +20,13 @@ import os
 import sys
 import warnings
 
-from keras_mha.cards.rendering import report as reports
-from keras_mha.cards.spec import from_config
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
 from keras_mha.errors import KerasMHAError
 from keras_mha.hub.config import load_config
+from keras_mha.planning.render import report as reports
+from keras_mha.planning.spec import from_config
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import math
 
-from keras_mha.cards.planner import units
-from keras_mha.cards.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_fraction
 from keras_mha.errors import UsageError
 from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
+from keras_mha.planning.planner import units
+from keras_mha.planning.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_fraction
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
-DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.planner.memory.DEFAULT_PREFILL_CHUNK
+DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.planning.planner.memory.DEFAULT_PREFILL_CHUNK
 #: `prune` / `convert`: dtypes a checkpoint is loaded and written in.
 CHECKPOINT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -339,8 +339,8 @@ def memory_request(arguments: argparse.Namespace):
         >>> request.devices.count, request.devices.memory_bytes
         (2, 1073741824)
     """
-    from keras_mha.cards.planner.devices import parse_devices
-    from keras_mha.cards.rendering.memory_report import MemoryRequest
+    from keras_mha.planning.planner.devices import parse_devices
+    from keras_mha.planning.render.memory_report import MemoryRequest
 
     gpu, size = getattr(arguments, "gpu", None), getattr(arguments, "memory", None)
     count = getattr(arguments, "gpus", None)

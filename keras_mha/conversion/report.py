@@ -3,7 +3,7 @@
 Keys of `--format json` (all sizes in bytes, times in seconds):
 
 - `kv_heads`: `{"before", "after"}` per layer; `num_attention_heads`, `num_layers`.
-- `kv_cache`: from the cost model (`keras_mha.cards.costs.kv_cache_cost`) for the
+- `kv_cache`: from the cost model (`keras_mha.planning.costs.kv_cache_cost`) for the
   config before and after: `{"dtype", "context_length", "applicable", "note",
   "before": {"bytes_per_token", "bytes_at_context"}, "after": {...}}` (encoders keep
   no cache: `applicable` false, zeros).
@@ -25,8 +25,8 @@ Example:
 
 from __future__ import annotations
 
-from keras_mha.cards.rendering.formatting import format_bytes
-from keras_mha.cards.rendering.report import markdown_text, terminal_text
+from keras_mha.planning.render.formatting import format_bytes
+from keras_mha.planning.render.report import markdown_text, terminal_text
 
 QUALITY_LABELS = {
     "perplexity": "perplexity (held out)",
@@ -60,15 +60,15 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     """The cost model's KV cache for `config` before and after the conversion.
 
     Returns the report's `kv_cache` entry: bytes per token and at the model's context
-    length (its config's, else `keras_mha.cards.rendering.report.default_seq_len`), batch 1.
+    length (its config's, else `keras_mha.planning.render.report.default_seq_len`), batch 1.
 
     Example:
         >>> kv_cache_figures(llama_config, 8, kv_dtype="bfloat16")["after"]  # doctest: +SKIP
         {'bytes_per_token': 131072, 'bytes_at_context': 1073741824}
     """
-    from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.rendering.report import context_length, default_seq_len
-    from keras_mha.cards.spec import from_config
+    from keras_mha.planning.costs import kv_cache_cost
+    from keras_mha.planning.render.report import context_length, default_seq_len
+    from keras_mha.planning.spec import from_config
 
     entry = {"dtype": kv_dtype}
     for when, figures in (

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from keras_mha.cards.rendering.report import build_report, default_seq_len
-from keras_mha.cards.spec import from_config
 from keras_mha.hub.bundled import bundled_card_directory, list_bundled
 from keras_mha.hub.config import load_config
+from keras_mha.planning.render.report import build_report, default_seq_len
+from keras_mha.planning.spec import from_config
 from tools.render_bundled_cards import card_markdown, card_path
 
 pytestmark = pytest.mark.backend_independent

@@ -28,17 +28,17 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from keras_mha.cards.costs import kv_cache_cost, parameter_counts  # noqa: E402
-from keras_mha.cards.rendering.report import (  # noqa: E402
+from keras_mha.errors import ConfigError  # noqa: E402
+from keras_mha.families import FAMILIES, KNOWN_MODEL_TYPES  # noqa: E402
+from keras_mha.hub.config import LoadedConfig  # noqa: E402
+from keras_mha.planning.costs import kv_cache_cost, parameter_counts  # noqa: E402
+from keras_mha.planning.render.report import (  # noqa: E402
     build_report,
     default_seq_len,
     render_markdown,
     render_table,
 )
-from keras_mha.cards.spec import from_config  # noqa: E402
-from keras_mha.errors import ConfigError  # noqa: E402
-from keras_mha.families import FAMILIES, KNOWN_MODEL_TYPES  # noqa: E402
-from keras_mha.hub.config import LoadedConfig  # noqa: E402
+from keras_mha.planning.spec import from_config  # noqa: E402
 
 pytestmark = pytest.mark.backend_independent
 

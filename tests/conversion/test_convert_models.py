@@ -152,8 +152,8 @@ TINY_DECODER = {
 
 
 def _tiny_decoder(weights=None):
-    from keras_mha.cards.spec import from_config
     from keras_mha.models import build_model
+    from keras_mha.planning.spec import from_config
 
     model = build_model(from_config(TINY_DECODER))
     if weights is not None:

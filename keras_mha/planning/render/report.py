@@ -14,7 +14,7 @@ Extra keys add detail: `revision`, `commit`, `source_note`, `architecture`,
 (multimodal vision tower + projector, else null), `kv_cache_by_seq_len`
 (one `kv_cache`-shaped entry per requested length, in the order asked),
 `bundled_card` (provenance of a bundled snapshot) and `warnings`; with a memory size,
-`fits` and `speed_bounds` (keras_mha.cards.rendering.memory_report).
+`fits` and `speed_bounds` (keras_mha.planning.render.memory_report).
 
 With several sequence lengths, `kv_cache` is the LAST one requested (so
 `--seq-len 4096,32768` reports 32768 there) and `kv_cache_by_seq_len` lists all.
@@ -23,7 +23,7 @@ Pure Python: nothing here imports keras, a backend or huggingface_hub.
 
 Example:
     >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
+    >>> from keras_mha.planning.spec import from_config
     >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
     >>> spec = from_config(loaded.config, model_id=loaded.model_id)
     >>> report = build_report(loaded, spec, seq_lens=[8192], batch=1, kv_dtype="bfloat16")
@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
-from keras_mha.cards.rendering import memory_report
-from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
-from keras_mha.cards.rendering.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
 from keras_mha.hub import bundled
+from keras_mha.planning.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
+from keras_mha.planning.render import memory_report
+from keras_mha.planning.render.formatting import format_bytes, format_count, format_thousands
+from keras_mha.planning.render.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
 from keras_mha.safe_text import visible
 
 # Default context for the KV-cache figures: the model's own context length, capped here so
@@ -133,7 +133,7 @@ def build_report(
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> loaded = load_config("bundled:openai-community/gpt2")
         >>> spec = from_config(loaded.config, model_id=loaded.model_id)
         >>> build_report(loaded, spec, seq_lens=[1024])["attention"]["kind"]
@@ -334,7 +334,7 @@ def render_table(report: dict, width: int = DEFAULT_WIDTH) -> str:
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
         >>> spec = from_config(loaded.config, model_id=loaded.model_id)
         >>> text = render_table(build_report(loaded, spec, seq_lens=[8192]))
@@ -471,7 +471,7 @@ def render_markdown(report: dict) -> str:
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
         >>> spec = from_config(loaded.config, model_id=loaded.model_id)
         >>> render_markdown(build_report(loaded, spec, seq_lens=[8192])).splitlines()[0]

@@ -19,15 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keras_mha.cards.planner import units
-from keras_mha.cards.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_devices
-from keras_mha.cards.planner.serving import DEFAULT_PREFILL_CHUNK, positive
-from keras_mha.cards.rendering import report as reports
-from keras_mha.cards.rendering.memory_report import MemoryRequest
-from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
 from keras_mha.hub.config import DEFAULT_TIMEOUT_SECONDS, LoadedConfig, load_config
 from keras_mha.hub.weights_size import checkpoint_size
+from keras_mha.planning.planner import units
+from keras_mha.planning.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_devices
+from keras_mha.planning.planner.serving import DEFAULT_PREFILL_CHUNK, positive
+from keras_mha.planning.render import report as reports
+from keras_mha.planning.render.memory_report import MemoryRequest
+from keras_mha.planning.spec import from_config
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@
 JSON-ready dicts and rendered as text or markdown.
 
 Keys are documented in docs/reference/json.md. The formulas live in
-`keras_mha.cards.planner`. Pure Python: no keras, backend or numpy import.
+`keras_mha.planning.planner`. Pure Python: no keras, backend or numpy import.
 
 Example:
     >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
+    >>> from keras_mha.planning.spec import from_config
     >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
     >>> entry = memory_entry(spec, batch=1, seq_len=8192, kv_dtype="bfloat16")
     >>> entry["weights_bytes"]["bfloat16"], entry["weights_format"]["id"]
@@ -18,22 +18,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keras_mha.cards.costs import ParameterCounts, parameter_counts
-from keras_mha.cards.planner import memory
-from keras_mha.cards.planner.devices import DeviceSet
-from keras_mha.cards.planner.gpus import GPU
-from keras_mha.cards.planner.inventory import weight_groups
-from keras_mha.cards.planner.placement import Placement, tensor_parallel_problem
-from keras_mha.cards.planner.quantization import WeightsFormat, checkpoint_format, dtype_format
-from keras_mha.cards.planner.serving import ServingModel
-from keras_mha.cards.rendering.formatting import (
+from keras_mha.planning.costs import ParameterCounts, parameter_counts
+from keras_mha.planning.planner import memory
+from keras_mha.planning.planner.devices import DeviceSet
+from keras_mha.planning.planner.gpus import GPU
+from keras_mha.planning.planner.inventory import weight_groups
+from keras_mha.planning.planner.placement import Placement, tensor_parallel_problem
+from keras_mha.planning.planner.quantization import WeightsFormat, checkpoint_format, dtype_format
+from keras_mha.planning.planner.serving import ServingModel
+from keras_mha.planning.render.formatting import (
     format_bandwidth,
     format_bytes,
     format_flops,
     format_rate,
     format_seconds,
 )
-from keras_mha.cards.rendering.text import UNLIMITED, aligned, wrap
+from keras_mha.planning.render.text import UNLIMITED, aligned, wrap
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def memory_entry(
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> entry = memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")
         >>> entry["serving"]["weights_dtype"]  # gpt2's config says float32
@@ -152,7 +152,7 @@ def fits_entry(
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="bfloat16",
         ...                   request=MemoryRequest(memory_bytes=2**30))
@@ -194,7 +194,7 @@ def fits_entry(
     entry["parallel_note"] = tensor_parallel_problem(spec, devices.tensor_parallel)
     entry["suggestions"] = []
     if not plan.serving_fits:
-        from keras_mha.cards.planner.suggestions import suggestions
+        from keras_mha.planning.planner.suggestions import suggestions
 
         entry["suggestions"] = suggestions(
             spec, weights_format=fmt, devices=devices, batch=batch, seq_len=seq_len,
@@ -206,20 +206,20 @@ def fits_entry(
 
 def speed_entry(spec, *, batch: int, seq_len: int, kv_dtype: str, request: MemoryRequest):
     """The report's `speed_bounds`: decode and prefill upper bounds on the request's
-    accelerators (`keras_mha.cards.planner.speed`); None without an accelerator or when
+    accelerators (`keras_mha.planning.planner.speed`); None without an accelerator or when
     serving does not fit.
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> from keras_mha.cards.planner.devices import parse_devices
+        >>> from keras_mha.planning.spec import from_config
+        >>> from keras_mha.planning.planner.devices import parse_devices
         >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
         >>> request = MemoryRequest(devices=parse_devices(gpu="H100"))
         >>> bounds = speed_entry(spec, batch=1, seq_len=8192, kv_dtype="bfloat16", request=request)
         >>> bounds["decode_limited_by"], bounds["upper_bound"]
         ('memory bandwidth', True)
     """
-    from keras_mha.cards.planner.speed import speed_bounds
+    from keras_mha.planning.planner.speed import speed_bounds
 
     devices = request.device_set()
     if devices is None or devices.gpu is None:
@@ -493,7 +493,7 @@ def memory_table_lines(report: dict, width: int = 80) -> list[str]:
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> report = {"memory": memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")}
         >>> memory_table_lines(report)[1].startswith("memory (batch 1, 1,024 tokens")
@@ -524,7 +524,7 @@ def fits_table_lines(report: dict, width: int = 80) -> list[str]:
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> request = MemoryRequest(memory_bytes=2**30)
         >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="int8", request=request)
@@ -562,8 +562,8 @@ def speed_table_lines(bounds: dict, width: int = 80) -> list[str]:
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> from keras_mha.cards.planner.devices import parse_devices
+        >>> from keras_mha.planning.spec import from_config
+        >>> from keras_mha.planning.planner.devices import parse_devices
         >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
         >>> request = MemoryRequest(devices=parse_devices(gpu="H100"))
         >>> bounds = speed_entry(spec, batch=1, seq_len=8192, kv_dtype="bfloat16", request=request)
@@ -600,7 +600,7 @@ def memory_markdown_lines(report: dict) -> list[str]:
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
         >>> report = {"memory": memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")}
         >>> memory_markdown_lines(report)[1]

@@ -6,7 +6,7 @@
 - `text.py`: aligned columns and lines wrapped to the terminal's width.
 
 Example:
-    >>> from keras_mha.cards.rendering.formatting import format_bytes
+    >>> from keras_mha.planning.render.formatting import format_bytes
     >>> format_bytes(1073741824)
     '1.00 GiB'
 """
