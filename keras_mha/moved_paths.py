@@ -42,7 +42,17 @@ MOVED_MODULES = {
 }  # fmt: skip
 
 # module -> {name: the module that holds it now}
-MOVED_NAMES: dict[str, dict[str, str]] = {}
+MOVED_NAMES = {
+    "keras_mha.planning.render.memory_report": {
+        "MemoryRequest": "keras_mha.planning.planner.request",
+        "plan_format": "keras_mha.planning.planner.request",
+    },
+    "keras_mha.planning.render.report": {
+        "DEFAULT_SEQ_LEN_CAP": "keras_mha.planning.plan",
+        "context_length": "keras_mha.planning.plan",
+        "default_seq_len": "keras_mha.planning.plan",
+    },
+}
 
 
 def _warn(old: str, new: str, stacklevel: int) -> None:

@@ -47,12 +47,12 @@ def test_a_module_inside_a_moved_package_is_not_loaded_twice(monkeypatch):
     _forget(monkeypatch, "keras_mha.cards")
     with pytest.warns(DeprecationWarning):
         from keras_mha.cards.planner import gpus
-        from keras_mha.cards.rendering.report import build_report
+        from keras_mha.cards.rendering.report import render_table
     from keras_mha.planning.planner import gpus as new_gpus
     from keras_mha.planning.render import report
 
     assert gpus is new_gpus
-    assert build_report is report.build_report
+    assert render_table is report.render_table
 
 
 @pytest.mark.parametrize(

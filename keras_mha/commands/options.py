@@ -209,6 +209,26 @@ def add_hub_arguments(parser: argparse.ArgumentParser, *, revision: bool = True)
     )
 
 
+def hub_options(arguments: argparse.Namespace):
+    """The `HubOptions` of `add_hub_arguments`' flags (`--offline` absent: the environment
+    decides, as `load_config(offline=None)` does).
+
+    Example:
+        >>> hub_options(argparse.Namespace(token=None, offline=True, endpoint=None,
+        ...                                timeout=3.0)).offline
+        True
+    """
+    from keras_mha.planning.plan import HubOptions
+
+    return HubOptions(
+        revision=getattr(arguments, "revision", None),
+        token=arguments.token,
+        endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None,
+        timeout=arguments.timeout,
+    )
+
+
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the planner's flags to a subcommand's parser: `--gpu`/`--memory`, `--gpus`,
     `--pipeline-parallel`, `--memory-utilization`, `--weights-dtype`, `--optimizer`,
@@ -340,7 +360,7 @@ def memory_request(arguments: argparse.Namespace):
         (2, 1073741824)
     """
     from keras_mha.planning.planner.devices import parse_devices
-    from keras_mha.planning.render.memory_report import MemoryRequest
+    from keras_mha.planning.planner.request import MemoryRequest
 
     gpu, size = getattr(arguments, "gpu", None), getattr(arguments, "memory", None)
     count = getattr(arguments, "gpus", None)
@@ -487,6 +507,7 @@ __all__ = [
     "add_batch_argument",
     "add_checkpoint_arguments",
     "add_hub_arguments",
+    "hub_options",
     "add_kv_dtype_argument",
     "add_memory_arguments",
     "add_text_batching_arguments",

@@ -60,14 +60,13 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     """The cost model's KV cache for `config` before and after the conversion.
 
     Returns the report's `kv_cache` entry: bytes per token and at the model's context
-    length (its config's, else `keras_mha.planning.render.report.default_seq_len`), batch 1.
+    length (its config's, else `keras_mha.planning.plan.default_seq_len`), batch 1.
 
     Example:
         >>> kv_cache_figures(llama_config, 8, kv_dtype="bfloat16")["after"]  # doctest: +SKIP
         {'bytes_per_token': 131072, 'bytes_at_context': 1073741824}
     """
-    from keras_mha.planning.costs import kv_cache_cost
-    from keras_mha.planning.render.report import context_length, default_seq_len
+    from keras_mha.planning.plan import context_length, default_seq_len, plan_config
     from keras_mha.planning.spec import from_config
 
     entry = {"dtype": kv_dtype}
@@ -77,7 +76,9 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     ):
         spec = from_config(figures)
         context = context_length(spec) or default_seq_len(spec)
-        cost = kv_cache_cost(spec, seq_len=context, kv_dtype=kv_dtype)
+        # The plan of `inspect` and `keras_mha.plan`, at the model's context length.
+        plan = plan_config(figures, seq_lens=[context], kv_dtype=kv_dtype, spec=spec)
+        cost = plan.kv_caches[-1].cost
         entry.update(context_length=context, applicable=cost.applicable, note=cost.note)
         entry[when] = {
             "bytes_per_token": cost.bytes_per_token,

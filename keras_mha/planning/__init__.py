@@ -4,7 +4,9 @@ costs, the memory planner and the reports.
 - `from_config(config)`: the config, validated once, as a `ModelSpec` (`spec.py`).
 - `parameter_counts(spec)`, `kv_cache_cost(spec, seq_len, ...)`: the cost model (`costs.py`).
 - `planner/`: weights, serving and training memory, the GPU table, what fits.
-- `render/`: the report as a table, JSON or markdown.
+- `plan.py`: the one pipeline (config -> checkpoint size -> spec -> `Plan`), a typed
+  result whose `to_dict()` is `inspect --format json`; `keras_mha.plan` is its entry.
+- `render/`: a `Plan` as a table or markdown.
 
 The config itself comes from `keras_mha.hub.load_config` (the Hub, a local path or a
 bundled card). Nothing here imports keras, a backend or `huggingface_hub`.
