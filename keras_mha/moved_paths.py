@@ -39,6 +39,9 @@ MOVED_MODULES = {
     **{f"keras_mha.cards{name}": f"keras_mha.planning{name}" for name in _PLANNING_MODULES},
     **{f"keras_mha.cards.rendering{name}": f"keras_mha.planning.render{name}"
        for name in _RENDER_MODULES},
+    # Library code that lived in the command-line folder; `commands/` is the CLI only now.
+    "keras_mha.commands.prune_data": "keras_mha.data.text",
+    "keras_mha.commands.progress": "keras_mha.progress",
 }  # fmt: skip
 
 # module -> {name: the module that holds it now}

@@ -122,6 +122,50 @@ def test_no_import_cycles_in_the_package():
     assert cycles(import_graph()) == []
 
 
+def folder(module: str) -> str:
+    """The folder a module lives in, one level below the package: `keras_mha.planning.plan`
+    is in `keras_mha.planning`; a top-level module (`keras_mha.errors`) is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph drawn between folders (the package's own `__init__`, which exports
+    from every folder lazily, left out)."""
+    folders: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        if module == "keras_mha":
+            continue
+        source = folders.setdefault(folder(module), set())
+        source.update(folder(target) for target in imported if target != "keras_mha")
+    for source, targets in folders.items():
+        targets.discard(source)
+    return folders
+
+
+def test_the_folder_graph_reader_sees_a_cycle_through_deferred_imports():
+    graph = {"keras_mha.a.x": {"keras_mha.b.y"}, "keras_mha.b.y": set(),
+             "keras_mha.b.z": {"keras_mha.a.w"}, "keras_mha.a.w": set()}  # fmt: skip
+    assert cycles(folder_graph(graph)) == [["keras_mha.a", "keras_mha.b"]]
+
+
+def test_no_import_cycles_between_folders():
+    # Imports inside functions count: a deferred import still makes the folders depend on
+    # each other.
+    assert cycles(folder_graph(import_graph())) == []
+
+
+def test_only_the_command_line_imports_commands():
+    graph = import_graph()
+    upward = sorted(
+        f"{module} imports {target}"
+        for module, imported in graph.items()
+        for target in imported
+        if folder(target) == "keras_mha.commands"
+        and folder(module) not in ("keras_mha.commands", "keras_mha.cli")
+    )
+    assert upward == []
+
+
 def test_nothing_in_the_checkout_imports_through_a_moved_path():
     root = PACKAGE_ROOT.parent
     sources = [root / folder for folder in ("keras_mha", "benchmarks", "tools")]

@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 import math
 
+# Defaults of the commands that read text through a checkpoint (`prune --data`, `heads
+# --text`) are the library's, which `head_roles` uses too.
+from keras_mha.data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
 from keras_mha.errors import UsageError
 from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 from keras_mha.planning.planner import units
@@ -76,12 +79,6 @@ def positive_int_type(flag: str):
 
     convert.__name__ = flag
     return convert
-
-
-#: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
-DEFAULT_MAX_TOKENS = 16384
-DEFAULT_SEQ_LEN = 128
-DEFAULT_BATCH_SIZE = 8
 
 
 def add_text_batching_arguments(
@@ -460,7 +457,7 @@ def check_checkpoint_arguments(arguments: argparse.Namespace) -> list:
     from keras_mha.models.export_files import check_output_folder, parse_size
 
     if arguments.data is not None:
-        from keras_mha.commands.prune_data import check_text_file
+        from keras_mha.data.text import check_text_file
 
         check_text_file(arguments.data)
     try:

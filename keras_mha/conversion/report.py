@@ -93,7 +93,7 @@ def _seconds(value):
 
 def _rows(report):
     """`(label, original, converted, uptrained)` text rows."""
-    from keras_mha.commands.prune_report import format_number
+    from keras_mha.planning.render.formatting import format_number
 
     uptrained = report["uptraining"] is not None
     kv, cache, quality = report["kv_heads"], report["kv_cache"], report["quality"]
