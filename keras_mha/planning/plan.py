@@ -5,7 +5,7 @@ One pipeline, used by `keras_mha.plan`, `keras-mha inspect`, `keras-mha compare`
 `convert`'s report: `plan_model` loads the config (`keras_mha.hub.load_config`) and the
 checkpoint's size, then `plan_config` reads the `ModelSpec` and computes the plan (the
 cost model and the planner). A `Plan` is a tree of records (`ModelSource`, `ModelSpec`,
-`ParameterCounts`, one `KVCache` per length, `MemoryPlan`, `Fits`, `SpeedBounds`);
+`ParameterCounts`, one `KVCachePlan` per length, `MemoryPlan`, `Fits`, `SpeedBounds`);
 `Plan.to_dict()` is `inspect --format json`, and the table and markdown renderers
 (`keras_mha.planning.render`) format that. Nothing here renders to compute.
 
@@ -42,7 +42,12 @@ from keras_mha.planning.planner.inventory import weight_groups
 from keras_mha.planning.planner.placement import Placement, tensor_parallel_problem
 from keras_mha.planning.planner.quantization import WeightsFormat
 from keras_mha.planning.planner.request import MemoryRequest, plan_format
-from keras_mha.planning.planner.serving import DEFAULT_PREFILL_CHUNK, ServingModel, positive
+from keras_mha.planning.planner.serving import (
+    DEFAULT_PREFILL_CHUNK,
+    ServingMemory,
+    ServingModel,
+    positive,
+)
 from keras_mha.planning.spec import ModelSpec, from_config
 
 # Default context for the KV-cache figures: the model's own context length, capped here so
@@ -136,7 +141,7 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
-class KVCache:
+class KVCachePlan:
     """The KV cache at one length: the cost model's figures and what one more token adds
     to one sequence (`bytes_per_token` while no sliding window is full, less once full).
 
@@ -170,7 +175,7 @@ class MemoryPlan:
     weights_by_dtype: dict
     weights_format: WeightsFormat
     weights: memory.WeightsBytes
-    serving: object  # planner.serving.ServingMemory
+    serving: ServingMemory
     training: memory.TrainingMemory
     checkpoint: CheckpointSize | None = None
 
@@ -251,7 +256,7 @@ class Plan:
         source: where the config came from (`ModelSource`).
         spec: the `ModelSpec` read from it.
         parameters: its `ParameterCounts`.
-        kv_caches: one `KVCache` per requested length, in the order asked; the last is
+        kv_caches: one `KVCachePlan` per requested length, in the order asked; the last is
             the one the memory plan uses.
         context_length: the model's context length, or None.
         memory: the whole model on one device (`MemoryPlan`).
@@ -276,7 +281,7 @@ class Plan:
     context_length: int | None
     memory: MemoryPlan
     fits: Fits | None
-    speed: object | None
+    speed: object | None  # planner.speed.SpeedBounds, imported only when devices are named
     warnings: tuple
 
     def __repr__(self) -> str:
@@ -413,7 +418,7 @@ class Plan:
 # -- the pipeline ---------------------------------------------------------------------------
 
 
-def _kv_cache(spec, seq_len: int, batch: int, kv_dtype: str) -> KVCache:
+def _kv_cache(spec, seq_len: int, batch: int, kv_dtype: str) -> KVCachePlan:
     cost = kv_cache_cost(spec, seq_len=seq_len, batch=batch, kv_dtype=kv_dtype)
     marginal = 0
     if cost.applicable:
@@ -421,7 +426,7 @@ def _kv_cache(spec, seq_len: int, batch: int, kv_dtype: str) -> KVCache:
         now = sum(layer.elements for layer in cost.layers)
         grown = sum(layer.elements for layer in longer.layers)
         marginal = -(-(grown - now) * KV_DTYPE_BITS[cost.dtype] // 8)
-    return KVCache(cost, marginal)
+    return KVCachePlan(cost, marginal)
 
 
 def _memory_plan(spec, counts, *, batch, seq_len, kv_dtype, request, checkpoint) -> MemoryPlan:
@@ -733,7 +738,7 @@ __all__ = [
     "DEFAULT_SEQ_LEN_CAP",
     "Fits",
     "HubOptions",
-    "KVCache",
+    "KVCachePlan",
     "MemoryPlan",
     "ModelSource",
     "Plan",
