@@ -95,17 +95,18 @@ def run(arguments: argparse.Namespace) -> int:
     """
     # Resolved before any loading, so a bad --gpu fails at once (UsageError, exit 2).
     request = options.memory_request(arguments)
-    _configure_huggingface_hub(arguments.timeout)
+    hub = options.hub_options(arguments)
+    _configure_huggingface_hub(hub.timeout)
     # Loading errors name the model id, revision or path themselves; the plan's are prefixed
     # with the model. Anything else is a bug (every config value is validated into a
     # ConfigError): `main` reports it as an internal error (exit 70), not as the config's.
     result = plan_model(arguments.model, seq_lens=arguments.seq_len, batch=arguments.batch,
-                        kv_dtype=arguments.kv_dtype, request=request,
-                        hub=options.hub_options(arguments))  # fmt: skip
+                        kv_dtype=arguments.kv_dtype, request=request, hub=hub)  # fmt: skip
+    text = render(result, arguments.format, wide=arguments.wide)
     if arguments.format == "table":
-        write_report(render(result, "table", wide=arguments.wide))
+        write_report(text)  # laid out for the terminal: its width and colour
     else:
-        write_stdout(render(result, arguments.format))
+        write_stdout(text)
     return 0
 
 
