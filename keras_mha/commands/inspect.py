@@ -102,7 +102,7 @@ def run(arguments: argparse.Namespace) -> int:
     # ConfigError): `main` reports it as an internal error (exit 70), not as the config's.
     result = plan_model(arguments.model, seq_lens=arguments.seq_len, batch=arguments.batch,
                         kv_dtype=arguments.kv_dtype, request=request, hub=hub)  # fmt: skip
-    text = render(result, arguments.format, wide=arguments.wide)
+    text = render(result, arguments.format, arguments.wide)
     if arguments.format == "table":
         write_report(text)  # laid out for the terminal: its width and colour
     else:
@@ -110,7 +110,7 @@ def run(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def render(plan, output_format: str, *, wide: bool = False) -> str:
+def render(plan, output_format: str, wide: bool = False) -> str:
     """A `Plan` as `output_format` asks: the table, markdown, or its JSON (`Plan.to_dict()`).
 
     Example:
