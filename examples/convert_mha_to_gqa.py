@@ -47,11 +47,11 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from keras_mha.cards.spec import from_config
 from keras_mha.cli import main as keras_mha
-from keras_mha.commands.prune_data import decoder_windows, load_tokenizer
 from keras_mha.conversion import held_out_split
+from keras_mha.data.text import decoder_windows, load_tokenizer
 from keras_mha.models import build_model, save_pretrained
+from keras_mha.planning.spec import from_config
 
 SEQ_LEN = 128
 METHODS = ("first", "mean", "regroup")

@@ -41,8 +41,8 @@ import keras
 import numpy as np
 
 from keras_mha.commands import prune as prune_command
-from keras_mha.commands.prune_data import encoder_sentences, load_tokenizer, read_text
 from keras_mha.commands.prune_report import mean_pooled_embeddings, measure, paired_latency_ms
+from keras_mha.data.text import encoder_sentences, load_tokenizer, read_text
 from keras_mha.models import from_pretrained, save_pretrained
 from keras_mha.pruning import heads_to_prune, prune_heads
 

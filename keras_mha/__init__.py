@@ -41,7 +41,7 @@ def __getattr__(name):
 
         return getattr(layers, name)
     if name in _LAZY_PLAN_EXPORTS:
-        from keras_mha.cards import plan
+        from keras_mha.planning import plan
 
         return getattr(plan, name)
     if name in _LAZY_FUNCTION_EXPORTS:

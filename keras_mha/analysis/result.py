@@ -33,7 +33,7 @@ from keras_mha.analysis.roles import (
     SYNTACTIC_PREFIX,
     LayerRoles,
 )
-from keras_mha.cards.rendering.text import DEFAULT_WIDTH, wrap
+from keras_mha.planning.render.text import DEFAULT_WIDTH, wrap
 
 #: Colours of the roles in the pictures (Okabe-Ito, readable with colour blindness).
 ROLE_COLORS = {
@@ -297,7 +297,7 @@ class HeadRoles:
         Example:
             >>> print(result.markdown())  # doctest: +SKIP
         """
-        from keras_mha.cards.rendering.report import markdown_text as markdown_cell
+        from keras_mha.planning.render.report import markdown_text as markdown_cell
 
         lines = [f"# {markdown_cell(self.summary())}"]
         for title, header, rows, notes in self._sections():

@@ -192,8 +192,8 @@ def _quality(model, kind, held_out, batch_size, reference):
 
 def _uptrain(model, kind, train, arguments, progress_enabled):
     """`(uptraining entry, seconds)`."""
-    from keras_mha.commands.progress import ProgressBar
     from keras_mha.conversion.uptraining import uptrain
+    from keras_mha.progress import ProgressBar
 
     teacher, teacher_bytes = None, 0
     if arguments.distill:
@@ -271,10 +271,10 @@ def run(arguments) -> int:
     started = time.perf_counter()
     _check_arguments(arguments)
     from keras_mha import backends
-    from keras_mha.commands.prune_data import load_examples
     from keras_mha.conversion.convert import convert_attention
     from keras_mha.conversion.report import kv_cache_figures, render_markdown, render_table
     from keras_mha.conversion.uptraining import held_out_split
+    from keras_mha.data.text import load_examples
     from keras_mha.models import export as exporting
 
     model = load_checkpoint(arguments, arguments.source)

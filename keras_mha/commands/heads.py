@@ -99,7 +99,7 @@ def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
     import importlib.util
 
-    from keras_mha.commands.prune_data import check_text_file
+    from keras_mha.data.text import check_text_file
     from keras_mha.models.export_files import check_output_file
 
     if arguments.importance is not None and arguments.importance not in IMPORTANCE_METHODS:
@@ -135,7 +135,7 @@ def _check_arguments(arguments):
 def read_text_argument(path, max_tokens, argument="--text"):
     """The text of `path`, refusing binary files and empty text (one line each)."""
     from keras_mha.analysis.syntax import check_not_binary
-    from keras_mha.commands.prune_data import characters_to_read, read_text
+    from keras_mha.data.text import characters_to_read, read_text
 
     text = read_text(path, max_characters=characters_to_read(max_tokens), argument=argument)
     check_not_binary(text, path, argument)

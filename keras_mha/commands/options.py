@@ -20,18 +20,21 @@ from __future__ import annotations
 import argparse
 import math
 
-from keras_mha.cards.planner import units
-from keras_mha.cards.planner.devices import (
+# Defaults of the commands that read text through a checkpoint (`prune --data`, `heads
+# --text`) are the library's, which `head_roles` uses too.
+from keras_mha.data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
+from keras_mha.errors import UsageError
+from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
+from keras_mha.planning.planner import units
+from keras_mha.planning.planner.devices import (
     DEFAULT_MEMORY_UTILIZATION,
     parse_device_count,
     parse_fraction,
 )
-from keras_mha.errors import UsageError
-from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
-DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.planner.memory.DEFAULT_PREFILL_CHUNK
+DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.planning.planner.memory.DEFAULT_PREFILL_CHUNK
 #: `prune` / `convert`: dtypes a checkpoint is loaded and written in.
 CHECKPOINT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -89,12 +92,6 @@ BACKEND_EPILOG = (
     "(e.g. KERAS_BACKEND=jax keras-mha ...). Unset, Keras's own choice (~/.keras/keras.json, "
     "else tensorflow), or the backend installed when that one is not."
 )
-
-
-#: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
-DEFAULT_MAX_TOKENS = 16384
-DEFAULT_SEQ_LEN = 128
-DEFAULT_BATCH_SIZE = 8
 
 
 def add_text_batching_arguments(
@@ -219,6 +216,26 @@ def add_hub_arguments(parser: argparse.ArgumentParser, *, revision: bool = True)
         type=seconds_type,
         default=10.0,
         help="seconds each exchange with the Hub may take (default 10; HF_HUB_ETAG_TIMEOUT wins)",
+    )
+
+
+def hub_options(arguments: argparse.Namespace):
+    """The `HubOptions` of `add_hub_arguments`' flags (`--offline` absent: the environment
+    decides, as `load_config(offline=None)` does).
+
+    Example:
+        >>> hub_options(argparse.Namespace(token=None, offline=True, endpoint=None,
+        ...                                timeout=3.0)).offline
+        True
+    """
+    from keras_mha.planning.plan import HubOptions
+
+    return HubOptions(
+        revision=getattr(arguments, "revision", None),
+        token=arguments.token,
+        endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None,
+        timeout=arguments.timeout,
     )
 
 
@@ -352,8 +369,8 @@ def memory_request(arguments: argparse.Namespace):
         >>> request.devices.count, request.devices.memory_bytes
         (2, 1073741824)
     """
-    from keras_mha.cards.planner.devices import parse_devices
-    from keras_mha.cards.rendering.memory_report import MemoryRequest
+    from keras_mha.planning.planner.devices import parse_devices
+    from keras_mha.planning.planner.request import MemoryRequest
 
     gpu, size = getattr(arguments, "gpu", None), getattr(arguments, "memory", None)
     count = getattr(arguments, "gpus", None)
@@ -454,7 +471,7 @@ def check_checkpoint_arguments(arguments: argparse.Namespace) -> list:
     from keras_mha.models.export_files import check_output_folder, parse_size
 
     if arguments.data is not None:
-        from keras_mha.commands.prune_data import check_text_file
+        from keras_mha.data.text import check_text_file
 
         check_text_file(arguments.data)
     try:
@@ -501,6 +518,7 @@ __all__ = [
     "add_batch_argument",
     "add_checkpoint_arguments",
     "add_hub_arguments",
+    "hub_options",
     "add_kv_dtype_argument",
     "add_memory_arguments",
     "add_text_batching_arguments",

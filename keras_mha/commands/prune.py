@@ -305,7 +305,7 @@ def score_heads(model, kind, data, arguments, reference, progress_enabled):
     """`{model path: scores}` with a progress bar over the scoring batches."""
     import keras
 
-    from keras_mha.commands.progress import ProgressBar
+    from keras_mha.progress import ProgressBar
     from keras_mha.pruning import head_importance
 
     if arguments.method == "magnitude":
@@ -338,13 +338,13 @@ def score_heads(model, kind, data, arguments, reference, progress_enabled):
 
 
 def _load_data(arguments, directory, kind):
-    from keras_mha.commands import prune_data
+    from keras_mha.data import text as text_data
 
     if arguments.data is None:
         return None
-    tokenizer = prune_data.load_tokenizer(directory)
-    text = prune_data.read_text(
-        arguments.data, max_characters=prune_data.characters_to_read(arguments.max_tokens)
+    tokenizer = text_data.load_tokenizer(directory)
+    text = text_data.read_text(
+        arguments.data, max_characters=text_data.characters_to_read(arguments.max_tokens)
     )
     return scoring_data(tokenizer, text, kind, arguments)
 
@@ -357,7 +357,7 @@ def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
     Example:
         >>> data = scoring_data(tokenizer, text, "decoder", arguments)  # doctest: +SKIP
     """
-    from keras_mha.commands import prune_data
+    from keras_mha.data import text as text_data
 
     if kind == "encoder" and arguments.method != "magnitude" and arguments.batch_size < 2:
         # The encoder loss ranks each sentence against the others in its batch: alone
@@ -368,7 +368,7 @@ def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
             key="--batch-size",
             value=arguments.batch_size,
         )
-    return prune_data.examples_of_text(
+    return text_data.examples_of_text(
         tokenizer, text, kind=kind, seq_len=arguments.seq_len,
         max_tokens=arguments.max_tokens, argument=argument,
     )  # fmt: skip

@@ -32,7 +32,8 @@ import time
 import keras
 import numpy as np
 
-from keras_mha.cards.rendering.text import DEFAULT_WIDTH, wrap
+from keras_mha.planning.render.formatting import format_number
+from keras_mha.planning.render.text import DEFAULT_WIDTH, wrap
 from keras_mha.pruning import find_attention_layers, model_attention_flops
 
 LATENCY_WARMUP_CALLS = 1
@@ -213,20 +214,6 @@ def measure(
 
 
 # -- rendering --------------------------------------------------------------------------------
-
-
-def format_number(value, digits=None):
-    """A figure for a table: thousands separated, `digits` decimals for floats, "—" for None.
-
-    Example:
-        >>> format_number(1234567), format_number(3.14159, 2), format_number(None)
-        ('1,234,567', '3.14', '—')
-    """
-    if value is None:
-        return "—"
-    if isinstance(value, float) and digits is not None:
-        return f"{value:,.{digits}f}"
-    return f"{value:,}"
 
 
 def _change(before, after):

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_mha
-from keras_mha.cards.planner import units
-from keras_mha.cards.planner.devices import _count_splits, _is_memory_size, split_count
-from keras_mha.cards.planner.quantization import checkpoint_format
-from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
+from keras_mha.planning.planner import units
+from keras_mha.planning.planner.devices import _count_splits, _is_memory_size, split_count
+from keras_mha.planning.planner.quantization import checkpoint_format
+from keras_mha.planning.spec import from_config
 from tests.cli.test_inspect import run_cli
 
 pytestmark = pytest.mark.backend_independent

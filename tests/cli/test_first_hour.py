@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from keras_mha.analysis.data import model_tokenizer
 from keras_mha.analysis.result import SHORT_LABELS, HeadRoles
 from keras_mha.analysis.roles import LayerRoles
-from keras_mha.cards.rendering.text import UNLIMITED
-from keras_mha.commands.progress import MIN_BAR_WIDTH, ProgressBar
 from keras_mha.errors import CheckpointError, MissingDependencyError
+from keras_mha.planning.render.text import UNLIMITED
+from keras_mha.progress import MIN_BAR_WIDTH, ProgressBar
 from tests.cards.test_rebuild_minilm import minilm_directory
 
 pytestmark = pytest.mark.backend_independent
@@ -123,7 +123,7 @@ VERDICT = {
     ],
 )  # fmt: skip
 def test_the_verdict_says_what_the_model_can_use_then_what_memory_holds(memory, context, says):
-    from keras_mha.cards.rendering.memory_report import verdict
+    from keras_mha.planning.render.memory_report import verdict
 
     text = verdict({**VERDICT, "max_seq_len": memory, "context_length": context})
     assert text.startswith(f"serving fits: yes, {says}") and "(!)" not in text

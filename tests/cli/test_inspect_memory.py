@@ -7,10 +7,10 @@ import json
 import pytest
 
 from keras_mha import cli
-from keras_mha.cards.planner import memory
-from keras_mha.cards.planner.gpus import known_gpu_names
-from keras_mha.cards.spec import from_config
 from keras_mha.hub.config import load_config
+from keras_mha.planning.planner import memory
+from keras_mha.planning.planner.gpus import known_gpu_names
+from keras_mha.planning.spec import from_config
 
 pytestmark = pytest.mark.backend_independent
 
@@ -130,7 +130,7 @@ def test_table_and_markdown_show_the_verdict_first(capsys):
 
 
 def test_table_shows_weights_per_dtype_and_part(capsys):
-    from keras_mha.cards.rendering.report import format_bytes
+    from keras_mha.planning.render.report import format_bytes
 
     report = inspect_json(capsys, "bundled:ai21labs/Jamba-v0.1")
     exit_code, out, _ = run_cli(capsys, "inspect", "bundled:ai21labs/Jamba-v0.1", "--wide")

@@ -133,7 +133,7 @@ def _prune_json(capsys, *arguments):
 
 
 def _transformers_perplexity(folder, tokenizer_file, text, seq_len):
-    from keras_mha.commands.prune_data import decoder_windows, load_tokenizer
+    from keras_mha.data.text import decoder_windows, load_tokenizer
 
     windows = decoder_windows(load_tokenizer(tokenizer_file.parent), text, seq_len)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -224,8 +224,8 @@ def test_encoder_prune_with_heatmap(sources, tmp_path, capsys):
     assert export["heads_zeroed"] == 2 and export["num_attention_heads"] == 4
     assert heatmap.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # transformers reproduces the pruned model's embeddings (cosine to the original).
-    from keras_mha.commands.prune_data import encoder_sentences, load_tokenizer
     from keras_mha.commands.prune_report import mean_pooled_embeddings
+    from keras_mha.data.text import encoder_sentences, load_tokenizer
 
     data = encoder_sentences(load_tokenizer(sources["encoder"]), TEXT, 128)
     embeddings = []
@@ -361,7 +361,7 @@ def test_existing_output_folder_needs_overwrite(sources, tmp_path, capsys):
 
 @pytest.mark.backend_independent
 def test_encoder_batches_drop_only_padding_columns():
-    from keras_mha.commands.prune_data import ENCODER_LENGTH_MULTIPLE, EncoderData
+    from keras_mha.data.text import ENCODER_LENGTH_MULTIPLE, EncoderData
 
     lengths = np.array([3, 9, 2, 20, 4])
     mask = np.arange(24) < lengths[:, None]
@@ -411,7 +411,7 @@ def test_paired_latency_takes_turns_and_pairs_the_ratio(monkeypatch):
     [(5, 2, [(0, 2), (2, 5)]), (4, 2, [(0, 2), (2, 4)]), (3, 4, [(0, 3)]), (97, 16, None)],
 )
 def test_a_last_encoder_batch_of_one_sentence_joins_the_one_before(sentences, batch_size, bounds):
-    from keras_mha.commands.prune_data import EncoderData
+    from keras_mha.data.text import EncoderData
 
     data = EncoderData(
         np.ones((sentences, 3), "int32"), np.ones((sentences, 3), bool), 3 * sentences

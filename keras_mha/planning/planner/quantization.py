@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from keras_mha.cards.costs import KV_DTYPE_BITS
+from keras_mha.planning.costs import KV_DTYPE_BITS
 
 PLAIN_DTYPES = ("float32", "bfloat16", "float16")
 GENERIC_DTYPES = ("float8", "int8", "int4")

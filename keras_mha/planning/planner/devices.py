@@ -27,9 +27,9 @@ import operator
 import re
 from dataclasses import dataclass
 
-from keras_mha.cards.planner import units
-from keras_mha.cards.planner.gpus import AMBIGUOUS, GPU, find_gpu, lookup_gpu, normalize_gpu_name
 from keras_mha.errors import UsageError
+from keras_mha.planning.planner import units
+from keras_mha.planning.planner.gpus import AMBIGUOUS, GPU, find_gpu, lookup_gpu, normalize_gpu_name
 
 DEFAULT_MEMORY_UTILIZATION = 0.9
 MAX_DEVICES = 4096
