@@ -46,11 +46,22 @@ import numpy as np
 
 from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
+from keras_mha.layers import kv_cache
 from keras_mha.layers.decode_functions import compile_decode_step
+from keras_mha.models import decode_loop
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 from keras_mha.models.eager_torch import eager_calls
 
 CACHE_BUCKET = 64
+
+#: `generate(decode_path=...)`: how the tokens after the prefill are decoded.
+DECODE_PATHS = {
+    "auto": "the fastest measured for the backend and device (see `default_decode_path`)",
+    "loop": "the whole loop as one compiled program (JAX, TensorFlow)",
+    "cuda_graph": "PyTorch on CUDA: the step replayed from CUDA graphs, tokens on the device",
+    "device_loop": "PyTorch: eager steps, tokens chosen on the device, read back once",
+    "per_token": "one compiled (or eager PyTorch) step per token, tokens chosen on the host",
+}
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -64,15 +75,23 @@ class _CompiledDecoder:
         self.compile_torch = compile_torch
         # TensorFlow cannot donate a function's tensor arguments: its caches are variables.
         self.variable_caches = self.backend == "tensorflow"
+        self.on_cuda = self.backend == "torch" and _torch_generation().on_cuda(model)
+        # CUDA graphs read the caches at fixed addresses: one set per shape, kept.
+        self.keeps_caches = self.variable_caches or self.on_cuda
         self.stats = {
             "backend": self.backend,
             "compiled": self.backend != "torch" or compile_torch,
             "variable_caches": self.variable_caches,
+            "path": None,
             "prefill_traces": 0,
             "step_traces": 0,
+            "loop_traces": 0,
             "prefill_calls": 0,
             "step_calls": 0,
+            "loop_calls": 0,
         }
+        self._loops = {}  # LoopShape -> the compiled loop (JAX, TensorFlow)
+        self._cuda_step = None
         # TensorFlow: the cache variables of finished calls, by (batch, cache length):
         # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
         self._spare_caches = {}
@@ -88,11 +107,14 @@ class _CompiledDecoder:
             caches = self._new_caches(batch, max_length)
         else:
             for buffer in keras.tree.flatten(caches):
-                buffer.assign(keras.ops.zeros(buffer.shape, buffer.dtype))
+                if self.variable_caches:
+                    buffer.assign(keras.ops.zeros(buffer.shape, buffer.dtype))
+                else:
+                    buffer.zero_()  # PyTorch on CUDA
         try:
             yield caches
         finally:
-            if self.variable_caches:
+            if self.keeps_caches:
                 self._spare_caches[batch, max_length] = caches
 
     def _new_caches(self, batch, max_length):
@@ -128,6 +150,8 @@ class _CompiledDecoder:
             with direct_calls(direct, eager_calls()):
                 return self._forward(token_ids, key_mask, caches, index)
 
+        self._eager_forward = eager_forward if self.backend == "torch" else self._forward
+
         def make(kind, static_index):
             def on_trace():
                 self.stats[f"{kind}_traces"] += 1
@@ -150,6 +174,65 @@ class _CompiledDecoder:
     def step(self, token_ids, key_mask, caches, index):
         self.stats["step_calls"] += 1
         return self._step(token_ids, key_mask, caches, index)
+
+    def default_path(self):
+        """The path `decode_path="auto"` takes: the whole loop compiled on JAX and
+        TensorFlow, CUDA graphs on a CUDA GPU, else (PyTorch on the CPU) eager steps
+        with tokens chosen on the host, measured the fastest there (docs/benchmarks.md)."""
+        if self.backend in ("jax", "tensorflow"):
+            return "loop"
+        if self.on_cuda and not self.compile_torch:
+            return "cuda_graph"
+        return "per_token"
+
+    def _loop_forward(self, token_ids, key_mask, caches, index):
+        # The caller checked that prompt and new tokens fit the cache: no overrun guard.
+        with kv_cache.index_checked_by_caller():
+            return self._forward(token_ids, key_mask, caches, index)
+
+    def loop(self, shape, logits, caches, key_mask, length, count, draws, eos_ids, values):
+        """`(tokens (B, n), n, caches)` from the whole loop compiled for `shape`."""
+        run = self._loops.get(shape)
+        if run is None:
+            import importlib
+
+            home = importlib.import_module(f"keras_mha.backends.{self.backend}.generation")
+            loop = decode_loop.decode_loop(
+                self._loop_forward, shape, carry_caches=not self.variable_caches
+            )
+            run = self._loops[shape] = home.compile_loop(
+                self.model, loop, on_trace=functools.partial(self._count, "loop_traces")
+            )
+        self.stats["loop_calls"] += 1
+        tokens, steps, caches = run(logits, caches, key_mask, length, count, draws, eos_ids, values)
+        steps = int(keras.ops.convert_to_numpy(steps))
+        return np.asarray(keras.ops.convert_to_numpy(tokens))[:, :steps], caches
+
+    def device_loop(self, shape, logits, caches, key_mask, length, count, draws, eos_ids, values):
+        """PyTorch: `(tokens (B, n), caches)` with the tokens chosen on the device, the
+        steps replayed from CUDA graphs on `cuda_graph` (`self.stats["path"]`)."""
+        home = _torch_generation()
+        if self.stats["path"] == "cuda_graph":
+            if self._cuda_step is None:
+                self._cuda_step = home.cuda_graph_step(self._forward)
+                self.stats["loop_traces"] += 1
+            step = self._cuda_step
+        else:
+            step = home.eager_step(self._eager_forward)
+        self.stats["loop_calls"] += 1
+        tokens, _ = home.device_loop(
+            step, logits, caches, key_mask, length, count, shape, draws, eos_ids, values
+        )
+        return np.asarray(keras.ops.convert_to_numpy(tokens)), caches
+
+    def _count(self, key):
+        self.stats[key] += 1
+
+
+def _torch_generation():
+    from keras_mha.backends.torch import generation
+
+    return generation
 
 
 def _decoder_for(model, compile_torch):
@@ -343,6 +426,7 @@ def generate(
     eos_token_id=None,
     padding_mask=None,
     compile_torch=False,
+    decode_path="auto",
 ):
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -358,6 +442,9 @@ def generate(
             and generation stops early when every row has ended.
         padding_mask: `(B, T)`, False at left padding.
         compile_torch: on PyTorch, `torch.compile` the prefill and step.
+        decode_path: how the tokens after the prefill are decoded, one of
+            `DECODE_PATHS`: "auto" (the default) takes the fastest measured for the
+            backend and device; `generation_stats(model)["path"]` says which ran.
 
     Returns:
         NumPy int32 `(B, T + n)`: the prompts followed by the `n <= max_new_tokens` new
@@ -386,27 +473,105 @@ def generate(
     key_mask[:, :length] = mask
 
     decoder = _decoder_for(model, compile_torch)
+    path = _decode_path(decoder, decode_path)
+    decoder.stats["path"] = path
+    sampling = decode_loop.Sampling(float(temperature), top_k, top_p)
     with decoder.borrowed_caches(batch, max_length) as caches:
         # Unpadded prompts need no key mask: causal attention alone, which the fused
         # kernels compute without building a mask (and skip the masked triangle).
         key_mask_tensor = None if mask.all() else keras.ops.convert_to_tensor(key_mask)
         logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
-        finished = np.zeros(batch, dtype=bool)
-        new_tokens = []
-        for step in range(max_new_tokens):
-            chosen = _choose(
-                np.asarray(keras.ops.convert_to_numpy(logits)), temperature, top_k, top_p, rng
-            ).astype(np.int32)
-            if eos.size:
-                chosen = np.where(finished, eos[0], chosen)
-                finished |= np.isin(chosen, eos)
-            new_tokens.append(chosen)
-            if step == max_new_tokens - 1 or (eos.size and finished.all()):
-                break
-            logits, caches = decoder.step(
-                keras.ops.convert_to_tensor(chosen[:, None]), key_mask_tensor, caches, length + step
+        if path == "per_token":
+            new_tokens = _per_token(
+                decoder, logits, caches, key_mask_tensor, length, max_new_tokens, sampling, eos, rng
             )
-    return np.concatenate([ids, np.stack(new_tokens, axis=1)], axis=1)
+        else:
+            shape = decode_loop.LoopShape(
+                batch,
+                max_length,
+                sampling.key(model.vocab_size),
+                stops=bool(eos.size),
+                masked=key_mask_tensor is not None,
+            )
+            draws = None
+            if shape.sampling_key[0]:
+                draws = decode_loop.uniform_draws(rng, max_new_tokens, batch)
+            arguments = (
+                shape,
+                logits,
+                caches,
+                key_mask_tensor,
+                length,
+                int(max_new_tokens),
+                None if draws is None else keras.ops.convert_to_tensor(draws),
+                keras.ops.convert_to_tensor(eos.astype(np.int32)) if eos.size else None,
+                tuple(keras.ops.convert_to_tensor(v) for v in sampling.values())
+                if shape.sampling_key[0]
+                else None,
+            )
+            run = decoder.loop if path == "loop" else decoder.device_loop
+            new_tokens, caches = run(*arguments)
+            new_tokens = _cut_after_stop(new_tokens, eos)
+    return np.concatenate([ids, new_tokens.astype(np.int32)], axis=1)
 
 
-__all__ = ["CACHE_BUCKET", "generate", "generation_stats"]
+def _per_token(decoder, logits, caches, key_mask, length, max_new_tokens, sampling, eos, rng):
+    """`(B, n)` tokens, one compiled (or eager) step each, chosen on the host."""
+    batch = logits.shape[0]
+    finished = np.zeros(batch, dtype=bool)
+    new_tokens = []
+    for step in range(max_new_tokens):
+        chosen = _choose(
+            np.asarray(keras.ops.convert_to_numpy(logits)),
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            rng,
+        ).astype(np.int32)
+        if eos.size:
+            chosen = np.where(finished, eos[0], chosen)
+            finished |= np.isin(chosen, eos)
+        new_tokens.append(chosen)
+        if step == max_new_tokens - 1 or (eos.size and finished.all()):
+            break
+        logits, caches = decoder.step(
+            keras.ops.convert_to_tensor(chosen[:, None]), key_mask, caches, length + step
+        )
+    return np.stack(new_tokens, axis=1)
+
+
+def _cut_after_stop(tokens, eos):
+    """`tokens` `(B, n)` up to the token at which every row had chosen an EOS id (a loop
+    that reads "all ended?" only now and then runs past it), as the per-token path stops."""
+    if not eos.size or tokens.shape[1] == 0:
+        return tokens
+    ended = np.isin(tokens, eos)
+    if not ended.any(axis=1).all():
+        return tokens
+    return tokens[:, : int(ended.argmax(axis=1).max()) + 1]
+
+
+def _decode_path(decoder, decode_path):
+    if decode_path not in DECODE_PATHS:
+        raise UsageError(
+            f"decode_path={shown(decode_path)}; expected one of {', '.join(DECODE_PATHS)}",
+            key="decode_path",
+        )
+    if decode_path == "auto":
+        return decoder.default_path()
+    available = {
+        "loop": decoder.backend in ("jax", "tensorflow"),
+        "cuda_graph": decoder.on_cuda,
+        "device_loop": decoder.backend == "torch",
+        "per_token": True,
+    }
+    if not available[decode_path]:
+        raise UsageError(
+            f"decode_path={decode_path!r} is not available on {decoder.backend}"
+            f"{' on the CPU' if decoder.backend == 'torch' else ''}: {DECODE_PATHS[decode_path]}",
+            key="decode_path",
+        )
+    return decode_path
+
+
+__all__ = ["CACHE_BUCKET", "DECODE_PATHS", "generate", "generation_stats"]
