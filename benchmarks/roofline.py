@@ -61,6 +61,30 @@ def bound(config: dict, *, bandwidth: float, flops: float, batch: int, seq_len: 
     return speed_bounds(serving, cpu, batch=batch, seq_len=seq_len)
 
 
+def device_bound(config: dict, *, dtype: str, batch: int, seq_len: int, device: str):
+    """`(SpeedBounds, where the device's figures came from)` for a decode on `device`
+    (`backends.device_name()`): on a GPU the planner's card row (None when the table has
+    no row of that name), on the CPU this machine's measured copy bandwidth and matmul peak.
+    """
+    if device != "cpu":
+        from keras_mha.cards.planner.gpus import lookup_gpu
+        from keras_mha.cards.planner.quantization import dtype_format
+        from keras_mha.cards.planner.serving import ServingModel
+        from keras_mha.cards.planner.speed import speed_bounds
+        from keras_mha.cards.spec import from_config
+
+        gpu = lookup_gpu(device)
+        if gpu is None:
+            return None, f"no planner row for {device!r}"
+        serving = ServingModel(from_config(config), weights_format=dtype_format(dtype),
+                               kv_dtype=dtype, compute_dtype=dtype)  # fmt: skip
+        return speed_bounds(serving, gpu, batch=batch, seq_len=seq_len), f"planner: {gpu.name}"
+    bandwidth = copy_bandwidth()
+    limits = bound(config, bandwidth=bandwidth, flops=matmul_flops(), batch=batch,
+                   seq_len=seq_len)  # fmt: skip
+    return limits, f"measured copy bandwidth {bandwidth / 1e9:.1f} GB/s"
+
+
 def main(argv=None) -> int:
     """Entry point of `keras-mha bench roofline`; returns the exit code."""
     from benchmarks import models
