@@ -99,12 +99,14 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-length", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-path", default="auto", help="generate(decode_path=...)")
     parser.add_argument("--json", action="store_true")
     arguments = parser.parse_args(argv)
     model_arguments = models.parse_args(
         ["--card", arguments.card, "--scale", str(arguments.scale), "--prompt-length",
          str(arguments.prompt_length), "--new-tokens", str(arguments.new_tokens),
-         "--repeats", str(arguments.repeats), "--no-transformers"]
+         "--repeats", str(arguments.repeats), "--no-transformers", "--no-roofline",
+         "--decode-path", arguments.decode_path]
     )  # fmt: skip
     bandwidth = copy_bandwidth()
     flops = matmul_flops()
@@ -118,6 +120,7 @@ def main(argv=None) -> int:
         "scale": arguments.scale,
         "parameters": results["parameters"],
         "backend": results["keras_mha"]["backend"],
+        "decode_path": results["keras_mha"]["generation"]["path"],
         "copy_bandwidth_bytes_per_s": bandwidth,
         "matmul_flops": flops,
         "decode_context": context,
@@ -132,7 +135,8 @@ def main(argv=None) -> int:
         return 0
     print(
         f"{arguments.card} / {arguments.scale}: {results['parameters'] / 1e6:.1f}M parameters "
-        f"in float32, decode at {context} tokens of context, {report['backend']} backend"
+        f"in float32, decode at {context} tokens of context, {report['backend']} backend, "
+        f"decode path {report['decode_path']}"
     )
     print(f"  copy bandwidth (read + write)  {bandwidth / 1e9:8.2f} GB/s")
     print(f"  float32 matmul peak            {flops / 1e9:8.1f} GFLOPS")

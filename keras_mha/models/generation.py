@@ -92,6 +92,7 @@ class _CompiledDecoder:
         }
         self._loops = {}  # LoopShape -> the compiled loop (JAX, TensorFlow)
         self._cuda_step = None
+        self.cuda_graph_error = None  # why the CUDA-graph path failed here, if it did
         # TensorFlow: the cache variables of finished calls, by (batch, cache length):
         # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
         self._spare_caches = {}
@@ -181,7 +182,7 @@ class _CompiledDecoder:
         with tokens chosen on the host, measured the fastest there (docs/benchmarks.md)."""
         if self.backend in ("jax", "tensorflow"):
             return "loop"
-        if self.on_cuda and not self.compile_torch:
+        if self.on_cuda and not self.compile_torch and self.cuda_graph_error is None:
             return "cuda_graph"
         return "per_token"
 
@@ -476,6 +477,7 @@ def generate(
     path = _decode_path(decoder, decode_path)
     decoder.stats["path"] = path
     sampling = decode_loop.Sampling(float(temperature), top_k, top_p)
+    failed = False
     with decoder.borrowed_caches(batch, max_length) as caches:
         # Unpadded prompts need no key mask: causal attention alone, which the fused
         # kernels compute without building a mask (and skip the masked triangle).
@@ -510,8 +512,21 @@ def generate(
                 else None,
             )
             run = decoder.loop if path == "loop" else decoder.device_loop
-            new_tokens, caches = run(*arguments)
-            new_tokens = _cut_after_stop(new_tokens, eos)
+            try:
+                new_tokens, caches = run(*arguments)
+            except Exception as error:
+                if not (path == "cuda_graph" and decode_path == "auto"):
+                    raise
+                # Chosen by default and never run on this GPU before: say why, and
+                # decode this and every later call one step per token.
+                decoder.cuda_graph_error = f"{type(error).__name__}: {error}"[:500]
+                decoder.stats["cuda_graph_error"] = decoder.cuda_graph_error
+                failed = True
+            new_tokens = None if failed else _cut_after_stop(new_tokens, eos)
+    if failed:
+        return generate(model, token_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, eos_token_id=eos_token_id,
+                        padding_mask=padding_mask, decode_path="per_token")  # fmt: skip
     return np.concatenate([ids, new_tokens.astype(np.int32)], axis=1)
 
 

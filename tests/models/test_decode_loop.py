@@ -75,3 +75,29 @@ def test_a_path_the_backend_lacks_is_refused(llama):
         generate(model, made.token_ids[:, :4], 2, decode_path=missing)
     with pytest.raises(UsageError, match=r"decode_path='fast'; expected one of auto, loop"):
         generate(model, made.token_ids[:, :4], 2, decode_path="fast")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the CUDA-graph path is PyTorch's")
+def test_a_failing_cuda_graph_path_falls_back_to_steps(llama, monkeypatch):
+    from keras_mha.backends.torch import generation as home
+    from keras_mha.models.generation import _decoder_for
+
+    made, model = llama
+    prompt = made.token_ids[:, :4]
+    expected = generate(model, prompt, 5, decode_path="per_token")
+    decoder = _decoder_for(model, compile_torch=False)
+    # As on a GPU whose compiler fails: "auto" picks the CUDA-graph path, which raises.
+    monkeypatch.setattr(decoder, "on_cuda", True)
+    monkeypatch.setattr(decoder, "cuda_graph_error", None)
+    monkeypatch.setattr(decoder, "_cuda_step", None)
+
+    def fails(forward):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(home, "cuda_graph_step", fails)
+    np.testing.assert_array_equal(generate(model, prompt, 5), expected)
+    stats = generation_stats(model)
+    assert stats["path"] == "per_token"
+    assert "RuntimeError: operation not permitted" in stats["cuda_graph_error"]
+    assert decoder.default_path() == "per_token"  # later calls go there directly
+    monkeypatch.delitem(decoder.stats, "cuda_graph_error")
