@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import keras
 import numpy as np
 from keras import ops
 
@@ -120,6 +119,20 @@ class LoopShape:
     masked: bool
 
 
+def chooser(shape: LoopShape, draws, eos_ids, values):
+    """`choose(logits, step, finished) -> (chosen, finished)`: token `step` of every row
+    and which rows have ended, by `shape`'s sampling and stop rule."""
+
+    def choose(logits, step, finished):
+        row_draws = None if draws is None else ops.take(draws, step, axis=0)
+        chosen = choose_tokens(logits, shape.sampling_key, row_draws, values)
+        if shape.stops:
+            return stop_rule(chosen, finished, eos_ids)
+        return chosen, finished
+
+    return choose
+
+
 def decode_loop(forward, shape: LoopShape, carry_caches: bool):
     """`loop(logits, caches, key_mask, length, count, draws, eos_ids, values) ->
     (tokens (B, max_length) int32, steps, caches)`: `count` new tokens (fewer when every
@@ -132,17 +145,11 @@ def decode_loop(forward, shape: LoopShape, carry_caches: bool):
     the loop's state.
     """
 
-    def choose(logits, step, finished, draws, eos_ids, values):
-        row_draws = None if draws is None else ops.take(draws, step, axis=0)
-        chosen = choose_tokens(logits, shape.sampling_key, row_draws, values)
-        if shape.stops:
-            return stop_rule(chosen, finished, eos_ids)
-        return chosen, finished
-
     def loop(logits, caches, key_mask, length, count, draws, eos_ids, values):
         batch, max_length = shape.batch, shape.max_length
+        choose = chooser(shape, draws, eos_ids, values)
         finished = ops.zeros((batch,), "bool")
-        chosen, finished = choose(logits, 0, finished, draws, eos_ids, values)
+        chosen, finished = choose(logits, 0, finished)
         tokens = ops.zeros((batch, max_length), "int32")
         tokens = ops.slice_update(tokens, [0, 0], chosen[:, None])
 
@@ -156,7 +163,7 @@ def decode_loop(forward, shape: LoopShape, carry_caches: bool):
             previous = ops.slice(tokens, [0, step - 1], [batch, 1])
             step_caches = rest[0] if carry_caches else caches
             logits, step_caches = forward(previous, key_mask, step_caches, length + step - 1)
-            chosen, finished = choose(logits, step, finished, draws, eos_ids, values)
+            chosen, finished = choose(logits, step, finished)
             tokens = ops.slice_update(tokens, [0, step], chosen[:, None])
             state = (step + 1, tokens, finished)
             return (*state, step_caches) if carry_caches else state
@@ -168,17 +175,12 @@ def decode_loop(forward, shape: LoopShape, carry_caches: bool):
     return loop
 
 
-def supports_loop() -> bool:
-    """Whether this Keras backend compiles the whole loop (JAX, TensorFlow)."""
-    return keras.backend.backend() in ("jax", "tensorflow")
-
-
 __all__ = [
     "LoopShape",
+    "chooser",
     "Sampling",
     "choose_tokens",
     "decode_loop",
     "stop_rule",
-    "supports_loop",
     "uniform_draws",
 ]

@@ -3,7 +3,7 @@
 The prompt is run once (prefill) into fixed-shape caches made by each attention layer's
 `init_cache` (their inside is the layer's business), then one token per step. The step
 is compiled once per model, batch size and cache length, by the one place that picks
-the backend, `keras_mha.layers.decode_functions`: `jax.jit` on JAX (stateless, the
+the backend, `keras_mha.backends`: `jax.jit` on JAX (stateless, the
 weights passed as arguments, the caches donated so that XLA updates them in place),
 `tf.function(jit_compile=True)` on TensorFlow (the caches are variables, created outside
 the function and updated in place by it: `init_cache(..., variables=True)`), and eager
@@ -44,13 +44,12 @@ import weakref
 import keras
 import numpy as np
 
+from keras_mha import backends
 from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
 from keras_mha.layers import kv_cache
-from keras_mha.layers.decode_functions import compile_decode_step
 from keras_mha.models import decode_loop
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
-from keras_mha.models.eager_torch import eager_calls
 
 CACHE_BUCKET = 64
 
@@ -71,16 +70,16 @@ class _CompiledDecoder:
 
     def __init__(self, model, compile_torch=False):
         self.model = model
-        self.backend = keras.backend.backend()
+        self.backend = backends.current()
         self.compile_torch = compile_torch
         # TensorFlow cannot donate a function's tensor arguments: its caches are variables.
-        self.variable_caches = self.backend == "tensorflow"
-        self.on_cuda = self.backend == "torch" and _torch_generation().on_cuda(model)
+        self.variable_caches = self.backend.variable_caches
+        self.paths = self.backend.decode_paths(model)  # the default first
         # CUDA graphs read the caches at fixed addresses: one set per shape, kept.
-        self.keeps_caches = self.variable_caches or self.on_cuda
+        self.keeps_caches = self.variable_caches or "cuda_graph" in self.paths
         self.stats = {
-            "backend": self.backend,
-            "compiled": self.backend != "torch" or compile_torch,
+            "backend": backends.name(),
+            "compiled": self.backend.compiles_decode or compile_torch,
             "variable_caches": self.variable_caches,
             "path": None,
             "prefill_traces": 0,
@@ -96,7 +95,7 @@ class _CompiledDecoder:
         # TensorFlow: the cache variables of finished calls, by (batch, cache length):
         # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
         self._spare_caches = {}
-        self._cache_factories = {}  # JAX: (batch, cache length) -> compiled init_caches
+        self._cache_factories = {}  # (batch, cache length) -> init_caches (jitted on JAX)
         self._prefill, self._step = self._make()
 
     @contextlib.contextmanager
@@ -119,16 +118,12 @@ class _CompiledDecoder:
                 self._spare_caches[batch, max_length] = caches
 
     def _new_caches(self, batch, max_length):
-        if self.backend != "jax":
-            return self.model.init_caches(batch, max_length, variables=self.variable_caches)
-        # One compiled call makes every buffer: made one by one, each a dispatch, they
-        # took about a tenth of a 64-token CPU prefill.
         make = self._cache_factories.get((batch, max_length))
         if make is None:
-            import jax
-
-            make = jax.jit(functools.partial(self.model.init_caches, batch, max_length))
-            self._cache_factories[batch, max_length] = make
+            make = functools.partial(
+                self.model.init_caches, batch, max_length, variables=self.variable_caches
+            )
+            make = self._cache_factories[batch, max_length] = self.backend.cache_factory(make)
         return make()
 
     # The model's forward on the cache; `index` is 0 for prefill. Only the last
@@ -143,21 +138,22 @@ class _CompiledDecoder:
         # Eager PyTorch steps skip Keras's per-layer __call__ bookkeeping where that
         # changes nothing (see direct_calls.py): most of a small model's eager step.
         direct = not self.compile_torch and supports_direct_calls(self.model)
-        if self.backend == "torch":
+        if not self.backend.compiles_decode:  # eager PyTorch
             self.stats["direct_calls"] = direct
 
         def eager_forward(token_ids, key_mask, caches, index):
-            # The leaf layers as torch calls too (eager_torch.py), outside Keras scopes.
-            with direct_calls(direct, eager_calls()):
+            # The leaf layers as torch calls too (backends/torch/model_calls.py), outside
+            # Keras scopes.
+            with direct_calls(direct, self.backend.eager_calls()):
                 return self._forward(token_ids, key_mask, caches, index)
 
-        self._eager_forward = eager_forward if self.backend == "torch" else self._forward
+        self._eager_forward = self._forward if self.backend.compiles_decode else eager_forward
 
         def make(kind, static_index):
             def on_trace():
                 self.stats[f"{kind}_traces"] += 1
 
-            return compile_decode_step(
+            return self.backend.compile_decode_step(
                 self.model,
                 self._forward,
                 static_index=static_index,
@@ -177,14 +173,13 @@ class _CompiledDecoder:
         return self._step(token_ids, key_mask, caches, index)
 
     def default_path(self):
-        """The path `decode_path="auto"` takes: the whole loop compiled on JAX and
-        TensorFlow, CUDA graphs on a CUDA GPU, else (PyTorch on the CPU) eager steps
-        with tokens chosen on the host, measured the fastest there (docs/benchmarks.md)."""
-        if self.backend in ("jax", "tensorflow"):
-            return "loop"
-        if self.on_cuda and not self.compile_torch and self.cuda_graph_error is None:
-            return "cuda_graph"
-        return "per_token"
+        """The path `decode_path="auto"` takes: the backend's first (`decode_paths`): the
+        whole loop compiled on JAX and TensorFlow, CUDA graphs on a CUDA GPU, else
+        (PyTorch on the CPU) eager steps with tokens chosen on the host, measured the
+        fastest there (docs/benchmarks.md)."""
+        if self.paths[0] == "cuda_graph" and (self.compile_torch or self.cuda_graph_error):
+            return "per_token"
+        return self.paths[0]
 
     def _loop_forward(self, token_ids, key_mask, caches, index):
         # The caller checked that prompt and new tokens fit the cache: no overrun guard.
@@ -195,13 +190,10 @@ class _CompiledDecoder:
         """`(tokens (B, n), n, caches)` from the whole loop compiled for `shape`."""
         run = self._loops.get(shape)
         if run is None:
-            import importlib
-
-            home = importlib.import_module(f"keras_mha.backends.{self.backend}.generation")
             loop = decode_loop.decode_loop(
                 self._loop_forward, shape, carry_caches=not self.variable_caches
             )
-            run = self._loops[shape] = home.compile_loop(
+            run = self._loops[shape] = self.backend.compile_generation_loop(
                 self.model, loop, on_trace=functools.partial(self._count, "loop_traces")
             )
         self.stats["loop_calls"] += 1
@@ -212,7 +204,7 @@ class _CompiledDecoder:
     def device_loop(self, shape, logits, caches, key_mask, length, count, draws, eos_ids, values):
         """PyTorch: `(tokens (B, n), caches)` with the tokens chosen on the device, the
         steps replayed from CUDA graphs on `cuda_graph` (`self.stats["path"]`)."""
-        home = _torch_generation()
+        home = self.backend.generation
         if self.stats["path"] == "cuda_graph":
             if self._cuda_step is None:
                 self._cuda_step = home.cuda_graph_step(self._forward)
@@ -221,19 +213,14 @@ class _CompiledDecoder:
         else:
             step = home.eager_step(self._eager_forward)
         self.stats["loop_calls"] += 1
+        choose = decode_loop.chooser(shape, draws, eos_ids, values)
         tokens, _ = home.device_loop(
-            step, logits, caches, key_mask, length, count, shape, draws, eos_ids, values
+            step, choose, logits, caches, key_mask, length, count, shape.batch, shape.stops
         )
         return np.asarray(keras.ops.convert_to_numpy(tokens)), caches
 
     def _count(self, key):
         self.stats[key] += 1
-
-
-def _torch_generation():
-    from keras_mha.backends.torch import generation
-
-    return generation
 
 
 def _decoder_for(model, compile_torch):
@@ -574,16 +561,11 @@ def _decode_path(decoder, decode_path):
         )
     if decode_path == "auto":
         return decoder.default_path()
-    available = {
-        "loop": decoder.backend in ("jax", "tensorflow"),
-        "cuda_graph": decoder.on_cuda,
-        "device_loop": decoder.backend == "torch",
-        "per_token": True,
-    }
-    if not available[decode_path]:
+    if decode_path not in (*decoder.paths, "per_token"):
+        device = "" if "cuda_graph" in decoder.paths else " on this device"
         raise UsageError(
-            f"decode_path={decode_path!r} is not available on {decoder.backend}"
-            f"{' on the CPU' if decoder.backend == 'torch' else ''}: {DECODE_PATHS[decode_path]}",
+            f"decode_path={decode_path!r} is not available on {backends.name()}{device}: "
+            f"{DECODE_PATHS[decode_path]}",
             key="decode_path",
         )
     return decode_path

@@ -87,7 +87,7 @@ def test_a_failing_cuda_graph_path_falls_back_to_steps(llama, monkeypatch):
     expected = generate(model, prompt, 5, decode_path="per_token")
     decoder = _decoder_for(model, compile_torch=False)
     # As on a GPU whose compiler fails: "auto" picks the CUDA-graph path, which raises.
-    monkeypatch.setattr(decoder, "on_cuda", True)
+    monkeypatch.setattr(decoder, "paths", ("cuda_graph", "device_loop", "per_token"))
     monkeypatch.setattr(decoder, "cuda_graph_error", None)
     monkeypatch.setattr(decoder, "_cuda_step", None)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_mha.layers.decode_functions import _values as variable_values
+from keras_mha.backends.jax.steps import _values as variable_values
 
 
 def compile_loop(model, loop, on_trace):

@@ -8,14 +8,14 @@ one-token step with `torch.compile` and Inductor's CUDA graphs (what `mode=
 as static addresses (they are written in place, which CUDA graphs allow only for
 buffers that never move), as gpt-fast and transformers' static cache do. `device_loop`
 runs the steps without reading anything back per token: the next token is chosen on the
-device (`decode_loop.choose_tokens`), fed to the next step as it is, and the tokens come
+device (`keras_mha.models.decode_loop.chooser`), fed to the next step as it is, and the tokens come
 back once, at the end; whether every row has ended is read every `STOP_CHECK` tokens
 only (the extra steps are cut off afterwards, so the tokens are the per-token path's).
 
 Example:
     >>> step = cuda_graph_step(forward)  # doctest: +SKIP
-    >>> tokens, count = device_loop(step, logits, caches, None, 7, 32, LoopShape(...),
-    ...                             None, None, None)  # doctest: +SKIP
+    >>> tokens, count = device_loop(step, choose, logits, caches, None, 7, 32, 2, False)
+    ... # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import keras
 
 from keras_mha.layers import kv_cache
-from keras_mha.models.decode_loop import choose_tokens, stop_rule
 
 #: Tokens between two reads of "has every row ended?" (each read waits for the device).
 STOP_CHECK = 16
@@ -85,28 +84,24 @@ def eager_step(forward):
     return step
 
 
-def device_loop(step, logits, caches, key_mask, length, count, shape, draws, eos_ids, values):
+def device_loop(step, choose, logits, caches, key_mask, length, count, batch, stops):
     """`(tokens (B, n) int32, n)`: up to `count` new tokens from the prefill's `logits`,
-    each chosen on the device; `step` is `cuda_graph_step(...)` or `eager_step(...)`.
-
-    Arguments as `decode_loop.decode_loop`'s loop (`draws` `(count, B)`, `eos_ids` `(E,)`
-    tensors on the device or None); `shape` is its `LoopShape`.
+    each chosen on the device by `choose(logits, step, finished) -> (chosen, finished)`
+    (`decode_loop.chooser`); `step` is `cuda_graph_step(...)` or `eager_step(...)`.
+    With `stops` (EOS ids given), the loop ends at the first check after every row has.
     """
     import torch
 
-    finished = torch.zeros((shape.batch,), dtype=torch.bool, device=logits.device)
+    finished = torch.zeros((batch,), dtype=torch.bool, device=logits.device)
     chosen_tokens = []
     with torch.no_grad():
         for step_number in range(count):
             if step_number:
                 position = length + step_number - 1
                 logits = step(chosen_tokens[-1][:, None], key_mask, caches, position)
-            row_draws = None if draws is None else draws[step_number]
-            chosen = choose_tokens(logits, shape.sampling_key, row_draws, values)
-            if shape.stops:
-                chosen, finished = stop_rule(chosen, finished, eos_ids)
+            chosen, finished = choose(logits, step_number, finished)
             chosen_tokens.append(chosen)
-            if shape.stops and step_number % STOP_CHECK == STOP_CHECK - 1 and finished.all():
+            if stops and step_number % STOP_CHECK == STOP_CHECK - 1 and finished.all():
                 break
         tokens = torch.stack(chosen_tokens, dim=1)
     return tokens, tokens.shape[1]
