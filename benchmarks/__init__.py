@@ -73,3 +73,26 @@ def worker_environment() -> dict[str, str]:
     """
     python_path = [str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(python_path)}
+
+
+def run_worker(benchmark: str, backend: str, argv: list[str]) -> str:
+    """`python -m benchmarks BENCHMARK ARGV...` on `backend` in a fresh process (a Keras
+    backend is fixed at import); its standard output. A failure raises `KerasMHAError`
+    with the worker's last line of errors."""
+    import subprocess
+    import sys
+
+    from keras_mha.errors import KerasMHAError
+
+    sys.stderr.write(f"  bench {benchmark}: {backend}...\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", benchmark, *argv],
+        env={**worker_environment(), "KERAS_BACKEND": backend},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines() or ["(no output)"]
+        raise KerasMHAError(f"bench {benchmark} on {backend} failed: {lines[-1]}")
+    return completed.stdout

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -173,25 +172,13 @@ def write_checkpoint(folder: str) -> None:
 
 
 def worker(backend: str, arguments) -> dict:
-    from benchmarks import worker_environment
+    from benchmarks import run_worker
 
     argv = ["--worker", "--checkpoint", arguments.checkpoint, "--rounds", str(arguments.rounds),
             "--new-tokens", str(arguments.new_tokens)]  # fmt: skip
     argv += ["--compile-torch"] * arguments.compile_torch
-    sys.stderr.write(f"  bench host-cost: {backend}...\n")
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "host-cost", *argv],
-        env={**worker_environment(), "KERAS_BACKEND": backend},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if completed.returncode != 0:
-        from keras_mha.errors import KerasMHAError
-
-        lines = completed.stderr.strip().splitlines() or ["(no output)"]
-        raise KerasMHAError(f"bench host-cost on {backend} failed: {lines[-1]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    output = run_worker("host-cost", backend, argv)
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def render(report: dict, markdown: bool) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -311,21 +310,9 @@ def worker_argv(arguments) -> list[str]:
 
 def backend_results(backend: str, arguments) -> dict:
     """`model_results` on `backend`, in a fresh process (a Keras backend is fixed at import)."""
-    from benchmarks import worker_environment
-    from keras_mha.errors import KerasMHAError
+    from benchmarks import run_worker
 
-    sys.stderr.write(f"  bench model: {backend}...\n")
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "model", *worker_argv(arguments)],
-        env={**worker_environment(), "KERAS_BACKEND": backend},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if completed.returncode != 0:
-        lines = completed.stderr.strip().splitlines() or ["(no output)"]
-        raise KerasMHAError(f"bench model on {backend} failed: {lines[-1]}")
-    return json.loads(completed.stdout)
+    return json.loads(run_worker("model", backend, worker_argv(arguments)))
 
 
 def model_results(arguments) -> dict:
