@@ -33,6 +33,9 @@ INTERFACE = (
     "variable_caches",  # bool: generate keeps its caches in variables (TensorFlow)
     "compiles_decode",  # bool: generate's steps are compiled by default
     "cache_factory",  # generate: the function that makes zero caches, compiled or not
+    "decode_paths",  # generate: its decode paths for a model here, the default first
+    "compile_generation_loop",  # generate's whole loop as one program, or None
+    "generation",  # generate's on-device loop and CUDA-graph step (a module), or None
     # Attention kernels (layers.attention_kernels, layers.attention_paths).
     "fused_attention",
     "reads_cache_prefix_cheaply",
