@@ -207,6 +207,13 @@ def _ids_and_mask(x, argument):
             "integers of shape (batch, length)",
             key=argument,
         )
+    if ids.size and int(ids.min()) < 0:
+        raise UsageError(
+            f"`{argument}` token ids hold {int(ids.min())}; expected ids of the vocabulary "
+            "(0 or more)",
+            key=argument,
+            value=int(ids.min()),
+        )
     mask = np.ones(ids.shape, dtype=bool) if mask is None else np.asarray(mask).astype(bool)
     if mask.shape != ids.shape:
         raise UsageError(
@@ -228,6 +235,7 @@ def token_data(
     special_ids=None,
     delimiter_ids=None,
     pads=True,
+    vocab_size=None,
     argument="data",
 ):
     """A `TokenData` from text (with `tokenizer`) or token-id batches.
@@ -242,7 +250,10 @@ def token_data(
         batch_size, max_tokens, seq_len: as in `head_roles`.
         pads: the model takes a padding mask (else text is fed unpadded, see
             `text_batches`).
+        vocab_size: the model's vocabulary, where known: token ids outside it are refused
+            (negative ids always are).
     """
+    from keras_mha.models.inputs import check_token_ids
     from keras_mha.pruning.batches import Batches
 
     if isinstance(data, str):
@@ -265,13 +276,16 @@ def token_data(
     else:
         try:
             batches = Batches(data, batch_size=batch_size, argument=argument)
-        except ValueError as error:
+        except (TypeError, ValueError) as error:
             raise UsageError(str(error), key=argument) from None
         pairs, inputs, total = [], [], 0
         for x, _, _ in batches:
             if max_tokens is not None and total >= max_tokens:
                 break
             ids, mask = _ids_and_mask(x, argument)
+            if vocab_size is not None:
+                # Before the tokenizer decodes them (it overflows on ids past 2**32).
+                check_token_ids(ids, vocab_size, argument=f"`{argument}` token ids")
             pairs.append((ids, mask))
             inputs.append(x)
             total += int(mask.sum())

@@ -11,7 +11,9 @@
   null}, "importance": value or null}]}]`;
 - `role_counts`: `{role: heads}`;
 - `importance`: null or `{"method"}`; `survival`: null or `{"25%": {role: {"heads",
-  "kept"}}, "50%": ...}` (see `survival`);
+  "kept"}}, "50%": ..., "removed": {"25%": {layer: [heads]}, ...}, "limited": {"50%":
+  {"asked", "removable"}}}` (`limited`: fractions that would take a layer's last head;
+  see `survival`);
 - `syntax`: null or the treebank report (see `syntax.SyntaxReport.to_dict`).
 
 Example:
@@ -252,12 +254,17 @@ class HeadRoles:
                     entry = self.survival[level][role]
                     cells.append(f"{entry['kept']} ({entry['kept'] / entry['heads']:.0%})")
                 rows.append(cells)
+            notes = [
+                f"at {level}: {entry['removable']} head(s) removed, not {entry['asked']}: every "
+                "layer keeps at least one"
+                for level, entry in self.survival.get("limited", {}).items()
+            ]
             sections.append(
                 (
                     "which roles survive pruning",
                     ["role", "heads", "kept at 25%", "kept at 50%"],
                     rows,
-                    [],
+                    notes,
                 )
             )
         if self.syntax is not None:
