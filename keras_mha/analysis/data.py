@@ -42,6 +42,8 @@ class TokenData:
         special_ids, delimiter_ids: sets of ids (empty when unknown).
         token_counts: `{id: occurrences among the real, non-special tokens}`.
         tokenizer: the `tokenizers.Tokenizer` used, if any (to show tokens).
+        limit: None, or why fewer sequences were read from a text than it holds
+            (`keras_mha.commands.prune_data.most_examples`).
     """
 
     inputs: list
@@ -51,6 +53,7 @@ class TokenData:
     delimiter_ids: set = field(default_factory=set)
     token_counts: dict = field(default_factory=dict)
     tokenizer: object = None
+    limit: str | None = None
 
     @property
     def num_tokens(self):
@@ -156,9 +159,10 @@ def count_tokens(token_ids, padding_masks, special_ids):
 def text_batches(
     tokenizer, text, *, causal, batch_size, max_tokens, seq_len, pads=True, argument="data"
 ):
-    """`[(token_ids, padding_mask)]` of `text`: sentences for encoders, `seq_len` windows for
-    decoders. Without `pads` (a model that takes no padding mask) every encoder batch is
-    one sentence, unpadded."""
+    """`([(token_ids, padding_mask)], limit)` of `text`: sentences for encoders, `seq_len`
+    windows for decoders, and why fewer were read than the text holds (None: all were).
+    Without `pads` (a model that takes no padding mask) every encoder batch is one
+    sentence, unpadded."""
     from keras_mha.commands import prune_data
 
     if not text.strip():
@@ -167,12 +171,13 @@ def text_batches(
             key=argument,
         )
     if causal:
-        ids = prune_data.decoder_windows(
+        windows = prune_data.decoder_windows(
             tokenizer, text, seq_len, max_tokens, argument=argument
-        ).inputs
+        )
+        ids = windows.inputs
         masks = np.ones_like(ids, dtype=bool)
         bounds = [(s, s + batch_size) for s in range(0, len(ids), batch_size)]
-        return [(ids[a:b], masks[a:b]) for a, b in bounds]
+        return [(ids[a:b], masks[a:b]) for a, b in bounds], windows.limit
     sentences = prune_data.encoder_sentences(
         tokenizer, text, seq_len, max_tokens, argument=argument, min_sentences=1
     )
@@ -181,12 +186,12 @@ def text_batches(
         return [
             (sentences.token_ids[i : i + 1, :n], sentences.padding_mask[i : i + 1, :n])
             for i, n in enumerate(lengths)
-        ]
+        ], sentences.limit
     batches = []
     for start in range(0, sentences.num_examples, batch_size):
         inputs = sentences.inputs(start, start + batch_size)
         batches.append((inputs["token_ids"], inputs["padding_mask"]))
-    return batches
+    return batches, sentences.limit
 
 
 def _ids_and_mask(x, argument):
@@ -262,7 +267,7 @@ def token_data(
                 f"`{argument}` is text but no tokenizer is known; pass tokenizer=",
                 key=argument,
             )
-        pairs = text_batches(
+        pairs, limit = text_batches(
             tokenizer,
             data,
             causal=causal,
@@ -278,7 +283,7 @@ def token_data(
             batches = Batches(data, batch_size=batch_size, argument=argument)
         except (TypeError, ValueError) as error:
             raise UsageError(str(error), key=argument) from None
-        pairs, inputs, total = [], [], 0
+        pairs, inputs, total, limit = [], [], 0, None
         for x, _, _ in batches:
             if max_tokens is not None and total >= max_tokens:
                 break
@@ -306,6 +311,7 @@ def token_data(
         delimiter_ids=delimiters - special,
         token_counts=count_tokens(ids, masks, special),
         tokenizer=tokenizer,
+        limit=limit,
     )
 
 

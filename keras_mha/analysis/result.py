@@ -4,7 +4,8 @@
 
 - `model`, `architecture` (`"encoder"` | `"decoder"`), `backend`;
 - `data`: `tokens` (real tokens read), `sequences`, `queries` (real queries the
-  statistics average over, per layer: the same for every layer);
+  statistics average over, per layer: the same for every layer), `limit` (null, or why
+  fewer sequences were read than the text holds);
 - `thresholds`: `{role: {"statistics": [...], "at_least": x}}`, and `syntax_margin`,
   `min_relation_words`;
 - `layers`: `[{"name", "index", "heads": [{"head", "role", "statistics": {name: value or
@@ -103,6 +104,7 @@ class HeadRoles:
         architecture: `"encoder"` or `"decoder"`.
         backend: the Keras backend that ran the model.
         tokens, sequences: real tokens and sequences read.
+        limit: None, or why fewer sequences were read than the text holds.
         importance: `{path: scores}` or None; `importance_method` names the scorer.
         survival: as `survival.roles_surviving` returns, or None.
         syntax: a `syntax.SyntaxReport` or None.
@@ -115,6 +117,7 @@ class HeadRoles:
     backend: str = ""
     tokens: int = 0
     sequences: int = 0
+    limit: str | None = None
     importance: dict | None = None
     importance_method: str | None = None
     survival: dict | None = None
@@ -176,6 +179,7 @@ class HeadRoles:
                 "tokens": int(self.tokens),
                 "sequences": int(self.sequences),
                 "queries": int(self.layer_roles[0].queries) if self.layer_roles else 0,
+                "limit": self.limit,
             },
             "thresholds": {
                 **{
@@ -277,6 +281,7 @@ class HeadRoles:
         return (
             f"{self.model}: {self.architecture}, {len(self.layers)} attention layers, {heads} "
             f"heads; {self.tokens:,} tokens in {self.sequences:,} sequences ({self.backend})"
+            + (f"; {self.limit}" if self.limit else "")
         )
 
     def table(self):

@@ -223,6 +223,7 @@ def head_roles(
         backend=keras.backend.backend(),
         tokens=prepared.num_tokens,
         sequences=prepared.num_sequences,
+        limit=prepared.limit,
         syntax=syntax,
     )
     if importance is not None:

@@ -329,6 +329,7 @@ def run(arguments) -> int:
             "train_examples": int(train.num_examples),
             "held_out_examples": int(held_out.num_examples),
             "sequence_length": int(arguments.seq_len),
+            "limit": examples.limit,
         }
     quality = reference = None
     if held_out is not None:

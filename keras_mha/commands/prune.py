@@ -459,6 +459,7 @@ def run(arguments) -> int:
             "examples": int(data.num_examples),
             "batches": len(data.batch_tokens(arguments.batch_size)),
             "sequence_length": int(sequence_length),
+            "limit": data.limit,
         },
         "scoring_seconds": round(scoring_seconds, 3),
         "pruned_heads": {path: [int(h) for h in heads] for path, heads in chosen.items()},

@@ -280,6 +280,7 @@ def render_table(report) -> str:
             f"data: {data['file']} — {data['tokens']:,} tokens in {data['examples']} "
             f"{'windows' if report['architecture'] == 'decoder' else 'sentences'}, "
             f"{data['batches']} batches; scoring took {report['scoring_seconds']:.1f} s"
+            + (f" ({data['limit']})" if data.get("limit") else "")
         )
     lines.append("")
     lines.append(

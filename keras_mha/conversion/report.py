@@ -18,7 +18,8 @@ Keys of `--format json` (all sizes in bytes, times in seconds):
 - `uptraining`: null, or `{"steps", "batch_size", "learning_rate", "objective",
   "loss_first", "loss_last", "teacher_bytes"}`.
 - `data`: null, or `{"file", "tokens", "train_examples", "held_out_examples",
-  "sequence_length"}`.
+  "sequence_length", "limit"}` (`limit`: null, or why fewer examples were read than the
+  text holds, `keras_mha.commands.prune_data.most_examples`).
 - `seconds`: `{"load", "measure", "convert", "uptrain", "export", "total"}`.
 - `export`: what was written (`format` "hub" or "keras"; for "keras", `reason`).
 
@@ -152,6 +153,7 @@ def _summary_lines(report, text):
         lines.append(
             f"data: {text(data['file'])}: {data['tokens']:,} tokens, {data['train_examples']} "
             f"{unit} to uptrain on, {data['held_out_examples']} held out"
+            + (f" ({text(data['limit'])})" if data.get("limit") else "")
         )
     uptraining = report["uptraining"]
     if uptraining:
