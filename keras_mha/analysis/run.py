@@ -19,15 +19,15 @@ Example:
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 
+from keras_mha import backends
 from keras_mha.analysis.calls import model_inputs, run_model, takes_padding_mask
 from keras_mha.analysis.data import checkpoint_tokenizer, is_causal, model_tokenizer, token_data
 from keras_mha.analysis.result import HeadRoles
 from keras_mha.analysis.roles import LayerRoles, assign_roles
 from keras_mha.analysis.statistics import HeadStatistics
-from keras_mha.commands.options import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
+from keras_mha.data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
 from keras_mha.errors import UsageError
 
 
@@ -126,7 +126,7 @@ def head_roles(
         {'previous-token': 2, 'first-token': 9, 'broad': 13, 'mixed': 48}
     """
     from keras_mha.analysis.recording import record_attention
-    from keras_mha.commands.progress import ProgressBar
+    from keras_mha.progress import ProgressBar
     from keras_mha.pruning.discovery import require_attention_layers
 
     layers = require_attention_layers(model)
@@ -165,9 +165,11 @@ def head_roles(
     }
     current = {}
 
+    from keras import ops
+
     def on_attention(path, probabilities):
         index = current["batch"]
-        probabilities = keras.ops.convert_to_numpy(probabilities)
+        probabilities = ops.convert_to_numpy(probabilities)
         if not np.isfinite(probabilities).all():
             # Raised by on_batch, outside the layer's call (Keras rewrites errors raised
             # inside it); the batch's other layers are skipped.
@@ -220,7 +222,7 @@ def head_roles(
         layer_roles=layer_roles,
         model=name or getattr(model, "name", type(model).__name__),
         architecture="decoder" if causal else "encoder",
-        backend=keras.backend.backend(),
+        backend=backends.name(),
         tokens=prepared.num_tokens,
         sequences=prepared.num_sequences,
         limit=prepared.limit,

@@ -3,7 +3,7 @@
 Keys of `--format json` (all sizes in bytes, times in seconds):
 
 - `kv_heads`: `{"before", "after"}` per layer; `num_attention_heads`, `num_layers`.
-- `kv_cache`: from the cost model (`keras_mha.cards.costs.kv_cache_cost`) for the
+- `kv_cache`: from the cost model (`keras_mha.planning.costs.kv_cache_cost`) for the
   source model and for the converted Keras model (`describes`: "keras_model"):
   `{"dtype", "context_length", "applicable", "note", "describes", "before":
   {"bytes_per_token", "bytes_at_context"}, "after": {...}}` (encoders keep no cache:
@@ -19,7 +19,7 @@ Keys of `--format json` (all sizes in bytes, times in seconds):
   "loss_first", "loss_last", "teacher_bytes"}`.
 - `data`: null, or `{"file", "tokens", "train_examples", "held_out_examples",
   "sequence_length", "limit"}` (`limit`: null, or why fewer examples were read than the
-  text holds, `keras_mha.commands.prune_data.most_examples`).
+  text holds, `keras_mha.data.text.most_examples`).
 - `seconds`: `{"load", "measure", "convert", "uptrain", "export", "total"}`.
 - `export`: what was written (`format` "hub" or "keras"; for "keras", `reason`).
 
@@ -29,8 +29,9 @@ Example:
 
 from __future__ import annotations
 
-from keras_mha.cards.rendering.formatting import format_bytes
-from keras_mha.cards.rendering.report import markdown_text, terminal_text
+from keras_mha.planning.render.formatting import format_bytes
+from keras_mha.planning.render.report import markdown_text, terminal_text
+from keras_mha.planning.render.text import DEFAULT_WIDTH, wrap
 
 QUALITY_LABELS = {
     "perplexity": "perplexity (held out)",
@@ -52,7 +53,7 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     fewer KV heads than query heads, and reading one back would give the original size.
 
     Returns the report's `kv_cache` entry: bytes per token and at the model's context
-    length (its config's, else `keras_mha.cards.rendering.report.default_seq_len`), batch 1.
+    length (its config's, else `keras_mha.planning.plan.default_seq_len`), batch 1.
 
     Example:
         >>> gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
@@ -63,9 +64,8 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     """
     import dataclasses
 
-    from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.rendering.report import context_length, default_seq_len
-    from keras_mha.cards.spec import from_config
+    from keras_mha.planning.plan import context_length, default_seq_len, plan_config
+    from keras_mha.planning.spec import from_config
 
     before = from_config(config)
     heads = before.num_attention_heads
@@ -76,7 +76,9 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     entry = {"dtype": kv_dtype, "describes": "keras_model"}
     for when, spec in (("before", before), ("after", after)):
         context = context_length(spec) or default_seq_len(spec)
-        cost = kv_cache_cost(spec, seq_len=context, kv_dtype=kv_dtype)
+        # The plan of `inspect` and `keras_mha.plan`, at the model's context length.
+        plan = plan_config(config, seq_lens=[context], kv_dtype=kv_dtype, spec=spec)
+        cost = plan.kv_caches[-1].cost
         entry.update(context_length=context, applicable=cost.applicable, note=cost.note)
         entry[when] = {
             "bytes_per_token": cost.bytes_per_token,
@@ -91,7 +93,7 @@ def _seconds(value):
 
 def _rows(report):
     """`(label, original, converted, uptrained)` text rows."""
-    from keras_mha.commands.prune_report import format_number
+    from keras_mha.planning.render.formatting import format_number
 
     uptrained = report["uptraining"] is not None
     kv, cache, quality = report["kv_heads"], report["kv_cache"], report["quality"]
@@ -198,8 +200,9 @@ def _export_line(report, text):
     return line
 
 
-def render_table(report) -> str:
-    """The report as aligned text (what `--format table` prints).
+def render_table(report, width=DEFAULT_WIDTH) -> str:
+    """The report as aligned text (what `--format table` prints); its sentences wrap within
+    `width` columns (`UNLIMITED`: `--wide`), continued two spaces in.
 
     Example:
         >>> print(render_table(report))  # doctest: +SKIP
@@ -214,10 +217,14 @@ def render_table(report) -> str:
             for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    lines = _summary_lines(report, terminal_text)
+    lines = [
+        part
+        for text in _summary_lines(report, terminal_text)
+        for part in wrap(text, width, "", "  ")
+    ]
     lines += ["", line(header), *(line(row) for row in rows), ""]
-    lines.append(_time_line(report))
-    lines.append(_export_line(report, terminal_text))
+    lines += wrap(_time_line(report), width, "", "  ")
+    lines += wrap(_export_line(report, terminal_text), width, "", "  ")
     return "\n".join(lines)
 
 

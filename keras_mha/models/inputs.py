@@ -23,8 +23,8 @@ import itertools
 import numpy as np
 from keras import ops
 
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
+from keras_mha.planning.config_values import shown
 
 INPUT_KEYS = ("token_ids", "padding_mask", "segment_ids")
 
@@ -107,13 +107,10 @@ def concrete_values(tensor):
     if isinstance(tensor, np.ndarray):
         return tensor
     try:
-        import keras
+        from keras_mha import backends
 
-        if keras.backend.backend() == "torch":
-            import torch
-
-            if torch.compiler.is_compiling():
-                return None
+        if not backends.current().has_value(tensor):
+            return None
         return np.asarray(ops.convert_to_numpy(tensor))
     except Exception:  # A tracer has no value yet: the check is skipped.
         return None

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_mha.commands import prune_data
+from keras_mha.data import text as prune_data
 from keras_mha.errors import UsageError
 
 pytestmark = pytest.mark.backend_independent
