@@ -20,7 +20,7 @@ from keras_mha.analysis import classify_heads, head_roles
 from keras_mha.analysis.roles import assign_roles
 from keras_mha.analysis.statistics import STATISTIC_NAMES
 from keras_mha.analysis.survival import roles_surviving
-from keras_mha.cards.spec import from_config
+from keras_mha.planning.spec import from_config
 from keras_mha.errors import NonFiniteError, UsageError
 from keras_mha.models import build_model
 from tests.configs import tiny_llama
@@ -176,7 +176,7 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize(
     "model, extra, code, mention",
     [
-        ("one-head", ["--seq-len", "1"], 2, "data: 13 sequence(s) of at most 1 real token(s)"),
+        ("one-head", ["--seq-len", "1"], 2, "data: 2 sequence(s) of at most 1 real token(s)"),
         ("nan", ["--seq-len", "8"], 19, "gave NaN or infinite attention probabilities"),
     ],
 )
