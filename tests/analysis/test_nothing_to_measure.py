@@ -20,9 +20,9 @@ from keras_mha.analysis import classify_heads, head_roles
 from keras_mha.analysis.roles import assign_roles
 from keras_mha.analysis.statistics import STATISTIC_NAMES
 from keras_mha.analysis.survival import roles_surviving
-from keras_mha.planning.spec import from_config
 from keras_mha.errors import NonFiniteError, UsageError
 from keras_mha.models import build_model
+from keras_mha.planning.spec import from_config
 from tests.configs import tiny_llama
 
 CONFIG = tiny_llama(head_dim=8, num_hidden_layers=1, max_position_embeddings=16)
