@@ -195,8 +195,10 @@ def test_plan_groups_each_comparison():
         ],
         [
             ("keras-mha", "step"),
+            ("keras-mha call", "step"),
             ("reference", "step"),
             ("keras-mha MHA", "step"),
+            ("keras-mha MHA call", "step"),
             ("reference MHA", "step"),
             ("keras-mha", "recompute"),
         ],

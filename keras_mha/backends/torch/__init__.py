@@ -23,6 +23,7 @@ from keras_mha.layers import attention_kernels
 compile_decode_step = steps.compile_decode_step
 decode_function = steps.layer_decode_function
 gates_are_ones = eager_decode.gates_are_ones
+layer_call = eager_decode.layer_call
 
 fused_attention = attention.fused_attention
 reads_cache_prefix_cheaply = attention.reads_cache_prefix_cheaply
