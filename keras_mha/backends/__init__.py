@@ -27,6 +27,7 @@ INTERFACE = (
     # Decoding (GroupedQueryAttention.make_decode_function, generate).
     "compile_decode_step",  # forward -> the step this backend decodes with
     "decode_function",  # GroupedQueryAttention.make_decode_function
+    "layer_call",  # GroupedQueryAttention.__call__: a decode call without Keras's, or None
     "eager_step",  # GroupedQueryAttention.call: an eager decode step, or None
     "gates_are_ones",  # GroupedQueryAttention._output: skip multiplying by 1
     "eager_calls",  # generate's eager leaf-layer calls (models.direct_calls), or None

@@ -236,6 +236,16 @@ class GroupedQueryAttention(keras.layers.Layer):
             constraint=self.bias_constraint,
         )
 
+    def __call__(self, *args, **kwargs):
+        # A decode call (`layer(x, cache=..., cache_index=...)`) where Keras's bookkeeping
+        # would add nothing goes straight to the backend's step (eager PyTorch: as fast
+        # as the decode function); anything else is Keras's call.
+        if len(args) == 1 and "cache" in kwargs:
+            done = backends.current().layer_call(self, args[0], kwargs)
+            if done is not None:
+                return done
+        return super().__call__(*args, **kwargs)
+
     def build(self, query_shape, value_shape=None, key_shape=None):
         validation.check_input_shapes(query_shape, value_shape, key_shape)
         value_shape = query_shape if value_shape is None else value_shape

@@ -37,6 +37,7 @@ def decode_paths(model):
 
 decode_function = steps.layer_decode_function
 gates_are_ones = eager_decode.gates_are_ones
+layer_call = eager_decode.layer_call
 
 fused_attention = attention.fused_attention
 reads_cache_prefix_cheaply = attention.reads_cache_prefix_cheaply
