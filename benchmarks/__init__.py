@@ -1,13 +1,15 @@
 """The measurement harness of keras-mha: run from a source checkout, not shipped in the wheel.
 
-    keras-mha bench [layers|model|inspect|roofline] [ARGS...]   # or: python -m benchmarks
+    keras-mha bench [layers|model|inspect|roofline|host-cost] [ARGS...]   # or: python -m benchmarks
 
 - `layers` (`layers.py`, with `backends.py` for what differs per backend): the attention
   layers against Keras, keras-hub and the backend's fused kernel (the default);
 - `model` (`models.py`): whole-model prefill and decode tokens/s, beside transformers;
 - `inspect` (`startup.py`): `keras-mha inspect` and `compare` from a cold process;
 - `roofline` (`roofline.py`): measured decode tokens/s against the planner's speed bound
-  on this CPU (its measured copy bandwidth).
+  on this CPU (its measured copy bandwidth);
+- `host-cost` (`host_cost.py`): the per-token time of a tiny Llama, where only host work
+  is left, per backend and decode path, beside transformers' three caches.
 
 `BENCHMARKS` names each benchmark's module and entry point (a function taking the
 argument list and returning the exit status); `keras_mha.commands.bench` dispatches on it.
@@ -15,7 +17,7 @@ argument list and returning the exit status); `keras_mha.commands.bench` dispatc
 Example:
     >>> from benchmarks import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['inspect', 'layers', 'model', 'roofline']
+    ['host-cost', 'inspect', 'layers', 'model', 'roofline']
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ BENCHMARKS = {
         "main",
         "measured decode tokens/s against the planner's bound with this CPU's bandwidth",
     ),
+    "host-cost": Benchmark(
+        "benchmarks.host_cost",
+        "main",
+        "per-token host time of a tiny Llama per backend and decode path, beside transformers",
+    ),
 }
 DEFAULT_BENCHMARK = "layers"
 
@@ -66,3 +73,26 @@ def worker_environment() -> dict[str, str]:
     """
     python_path = [str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(python_path)}
+
+
+def run_worker(benchmark: str, backend: str, argv: list[str]) -> str:
+    """`python -m benchmarks BENCHMARK ARGV...` on `backend` in a fresh process (a Keras
+    backend is fixed at import); its standard output. A failure raises `KerasMHAError`
+    with the worker's last line of errors."""
+    import subprocess
+    import sys
+
+    from keras_mha.errors import KerasMHAError
+
+    sys.stderr.write(f"  bench {benchmark}: {backend}...\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", benchmark, *argv],
+        env={**worker_environment(), "KERAS_BACKEND": backend},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines() or ["(no output)"]
+        raise KerasMHAError(f"bench {benchmark} on {backend} failed: {lines[-1]}")
+    return completed.stdout

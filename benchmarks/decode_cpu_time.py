@@ -11,6 +11,7 @@ per round and a summary: the median ratio keras-mha / reference and its spread.
 Usage:
     KERAS_BACKEND=jax python -m benchmarks.decode_cpu_time --heads 16 --kv-heads 2
     KERAS_BACKEND=torch python -m benchmarks.decode_cpu_time --torch-compile --mha
+    KERAS_BACKEND=torch python -m benchmarks.decode_cpu_time --plain-call --heads 16 --kv-heads 2
 
 Example:
     >>> main(["--decode-context", "64", "--rounds", "1", "--steps", "5"])  # doctest: +SKIP
@@ -37,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--rounds", type=int, default=5, help="paired rounds (default 5)")
     add("--steps", type=int, default=200, help="steps per implementation a round (default 200)")
     add("--torch-compile", action="store_true", help="torch.compile both steps")
+    add(
+        "--plain-call",
+        action="store_true",
+        help="keras-mha's plain layer call, layer(x, cache=..., cache_index=...), instead of "
+        "its decode function",
+    )
     add("--cpu", type=int, default=None, help="the CPU to pin to (default the last usable)")
     return parser
 
@@ -75,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         memory=False,
     )
     config.validate()
-    names = (
-        (layers.OURS_MHA, layers.REFERENCE_MHA)
-        if arguments.mha
-        else (layers.OURS, layers.REFERENCE)
-    )
+    ours = {
+        (False, False): layers.OURS,
+        (False, True): layers.OURS_CALL,
+        (True, False): layers.OURS_MHA,
+        (True, True): layers.OURS_MHA_CALL,
+    }[arguments.mha, arguments.plain_call]
+    names = (ours, layers.REFERENCE_MHA if arguments.mha else layers.REFERENCE)
     prepared = []
     for name in names:
         entry = {"case": "decode", "implementation": name, "mode": layers.STEP}

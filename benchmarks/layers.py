@@ -10,7 +10,9 @@ one), with the same weights and inputs:
 - `decode`: one cached decode step at `--decode-context` through the layer's
   public serving path (`init_cache`, then `layer.make_decode_function()`: a donated
   `jax.jit`, an XLA `tf.function` on a cache of variables, eager or `torch.compile`
-  steps under `torch.no_grad()`) against the hand-written in-place reference step,
+  steps under `torch.no_grad()`) and through the plain layer call,
+  `layer(token, cache=cache, cache_index=index)` in a step compiled as the reference's
+  (the `call` rows), against the hand-written in-place reference step,
   at the GQA shapes and at MHA shapes (keras-mha's `MultiHeadAttention`, its
   reference, and keras-hub's `CachedMultiHeadAttention`), and recomputing all
   context + 1 tokens.
@@ -63,8 +65,11 @@ OURS, KERAS, REFERENCE, OURS_MHA, REFERENCE_MHA, KERAS_HUB = (
     "reference MHA",
     "keras-hub MHA",
 )
+# The plain layer call, `layer(token, cache=cache, cache_index=index)`, beside the decode
+# function: what a Keras user writes (the README's first quick start).
+OURS_CALL, OURS_MHA_CALL = "keras-mha call", "keras-mha MHA call"
 # The decode rows at MHA shapes (as many KV heads as query heads).
-MHA_ROWS = (OURS_MHA, REFERENCE_MHA, KERAS_HUB)
+MHA_ROWS = (OURS_MHA, OURS_MHA_CALL, REFERENCE_MHA, KERAS_HUB)
 # Each row's output and time are compared with this row of its group (same weights and
 # input; the MHA rows with keras-mha's MHA), and its time with this reference.
 BASELINE = {row: OURS_MHA for row in MHA_ROWS}
@@ -169,7 +174,7 @@ def plan(config: Config, keras_hub_installed: bool = True) -> list[list[dict]]:
     groups = []
     for case in config.cases:
         if case == "decode":
-            steps = [OURS, REFERENCE, OURS_MHA, REFERENCE_MHA]
+            steps = [OURS, OURS_CALL, REFERENCE, OURS_MHA, OURS_MHA_CALL, REFERENCE_MHA]
             steps += [KERAS_HUB] if keras_hub_installed else []
             group = [{"case": case, "implementation": name, "mode": STEP} for name in steps]
             groups.append([*group, {"case": case, "implementation": OURS, "mode": RECOMPUTE}])
@@ -328,6 +333,11 @@ def prepare(entry: dict, config: Config) -> _Prepared:
         step, params = backends.layer_step(layer, backends.keras_hub_step)
         state = _prefilled_cache(layer, implementation, prefill, context + 1)
         run = backends.compile_step(step, **options)
+    elif implementation in (OURS_CALL, OURS_MHA_CALL):
+        # The plain layer call in a step compiled as the reference's is (eager or
+        # torch.compile'd under no_grad on PyTorch, jax.jit, an XLA tf.function).
+        state = _prefilled_cache(ours, implementation, prefill, context + 1)
+        run, params = _layer_call_step(ours, options), []
     else:
         # keras-mha's own decode function: the backend's serving path, picked by the layer.
         decode = ours.make_decode_function(
@@ -355,6 +365,25 @@ def prepare(entry: dict, config: Config) -> _Prepared:
     kv_bytes = 2 * config.batch * (context + 1) * kv_heads * config.head_dim * itemsize
     flops = _flops(config, context + 1, kv_heads, queries=1)
     return _Prepared(call, warmup, {"flops": flops, "kv_bytes": kv_bytes})
+
+
+def _layer_call_step(layer, options):
+    """`run(params, token, cache, index)`: `layer(token, cache=cache, cache_index=index)`
+    compiled as `backends.compile_step` compiles the reference; a cache of variables
+    (TensorFlow) stays the state, written in place."""
+    from benchmarks import backends
+    from keras_mha.layers.kv_cache import all_in_place
+
+    def step(params, token, cache, index):
+        return layer(token, cache=cache, cache_index=index)
+
+    compiled = backends.compile_step(step, **{**options, "tf_jit_compile": True})
+
+    def run(params, token, cache, index):
+        output, written = compiled(params, token, cache, index)
+        return output, cache if all_in_place(cache) else written
+
+    return run
 
 
 def _prefilled_cache(layer, implementation, prefill, max_length):

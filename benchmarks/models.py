@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,9 @@ DEFAULT_CARD = "meta-llama/Llama-3.2-1B"
 
 BACKENDS = ("tensorflow", "jax", "torch")
 OURS, THEIRS = "keras_mha", "transformers"
+#: transformers' fastest documented path: its static cache with `torch.compile`
+#: (`CompileConfig`, "reduce-overhead": CUDA graphs on a GPU).
+THEIRS_COMPILED = "transformers_static_compile"
 
 
 def parse_args(argv):
@@ -78,6 +80,19 @@ def parse_args(argv):
         "(default: the current KERAS_BACKEND only)",
     )
     parser.add_argument("--no-transformers", action="store_true", help="skip the torch reference")
+    parser.add_argument(
+        "--no-compiled-transformers",
+        action="store_true",
+        help="skip transformers' static cache + torch.compile (its compile takes minutes)",
+    )
+    parser.add_argument(
+        "--decode-path",
+        default="auto",
+        help="generate(decode_path=...) of keras-mha (default auto: the backend's fastest)",
+    )
+    parser.add_argument(
+        "--no-roofline", action="store_true", help="skip the decode bound (bandwidth roofline)"
+    )
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     parser.add_argument("--json", action="store_true", help="the same as --format json")
     arguments = parser.parse_args(argv)
@@ -286,6 +301,8 @@ def worker_argv(arguments) -> list[str]:
     argv += ["--full-size"] * arguments.full_size + [
         "--no-transformers"
     ] * arguments.no_transformers
+    argv += ["--no-compiled-transformers"] * arguments.no_compiled_transformers
+    argv += ["--no-roofline"] * arguments.no_roofline + ["--decode-path", arguments.decode_path]
     for flag in ("batch", "prompt_length", "new_tokens", "rounds"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(arguments, flag))]
     return argv
@@ -293,21 +310,9 @@ def worker_argv(arguments) -> list[str]:
 
 def backend_results(backend: str, arguments) -> dict:
     """`model_results` on `backend`, in a fresh process (a Keras backend is fixed at import)."""
-    from benchmarks import worker_environment
-    from keras_mha.errors import KerasMHAError
+    from benchmarks import run_worker
 
-    sys.stderr.write(f"  bench model: {backend}...\n")
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "model", *worker_argv(arguments)],
-        env={**worker_environment(), "KERAS_BACKEND": backend},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if completed.returncode != 0:
-        lines = completed.stderr.strip().splitlines() or ["(no output)"]
-        raise KerasMHAError(f"bench model on {backend} failed: {lines[-1]}")
-    return json.loads(completed.stdout)
+    return json.loads(run_worker("model", backend, worker_argv(arguments)))
 
 
 def model_results(arguments) -> dict:
@@ -364,19 +369,28 @@ def model_results(arguments) -> dict:
         model = from_pretrained(folder, dtype=dtype)
     reference.to(torch_device)
     new = arguments.new_tokens
-    contenders = {OURS: (lambda: generate(model, ids, 1), lambda: generate(model, ids, new))}
+    path = arguments.decode_path
+
+    def ours(count):
+        return lambda: generate(model, ids, count, decode_path=path)
+
+    contenders = {OURS: (ours(1), ours(new))}
     if not arguments.no_transformers:
         torch_ids = torch.from_numpy(ids.astype("int64")).to(torch_device)
+        compiled = transformers.CompileConfig()
+        compiled._compile_all_devices = True  # transformers compiles by itself on GPUs only
 
-        def theirs(count):
+        def theirs(count, **options):
             def run():
-                with torch.no_grad():
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
                     reference.generate(
                         torch_ids,
                         max_new_tokens=count,
                         min_new_tokens=count,
                         do_sample=False,
                         pad_token_id=0,
+                        **options,
                     )
                 if torch_device == "cuda":
                     torch.cuda.synchronize()  # keras-mha's generate returns NumPy: finished
@@ -384,6 +398,9 @@ def model_results(arguments) -> dict:
             return run
 
         contenders[THEIRS] = (theirs(1), theirs(new))
+        if not arguments.no_compiled_transformers:
+            options = {"cache_implementation": "static", "compile_config": compiled}
+            contenders[THEIRS_COMPILED] = (theirs(1, **options), theirs(new, **options))
     times = time_rounds(contenders, arguments.rounds)
     shape = (arguments.batch, arguments.prompt_length, new)
     results[OURS] = {
@@ -391,17 +408,43 @@ def model_results(arguments) -> dict:
         **round_rates(times[OURS], *shape),
         "generation": generation_stats(model),
     }
-    if not arguments.no_transformers:
-        results[THEIRS] = {
-            "backend": f"torch {torch.__version__}",
-            **round_rates(times[THEIRS], *shape),
-        }
+    for name in (THEIRS, THEIRS_COMPILED):
+        if name in times:
+            results[name] = {
+                "backend": f"torch {torch.__version__}",
+                **round_rates(times[name], *shape),
+            }
+    if THEIRS in results:
         results["paired"] = paired_ratios(results[OURS], results[THEIRS])
+    if THEIRS_COMPILED in results:
+        results["paired_compiled"] = paired_ratios(results[OURS], results[THEIRS_COMPILED])
     results["rounds"] = arguments.rounds
     results["machine"] = machine()
     results["machine"]["device"] = backends.device_name()
     results["config"] = config
+    if not arguments.no_roofline:
+        results["roofline"] = roofline(results, arguments, dtype)
     return results
+
+
+def roofline(results: dict, arguments, dtype: str) -> dict:
+    """Each decode's tokens/s as a fraction of the bandwidth bound on this device (the
+    planner's card figures on a GPU, the measured copy bandwidth on the CPU), at the
+    decode's mean context (prompt + half the new tokens)."""
+    from benchmarks.roofline import device_bound
+
+    context = arguments.prompt_length + arguments.new_tokens // 2
+    limits, source = device_bound(results["config"], dtype=dtype, batch=arguments.batch,
+                                  seq_len=context, device=results["machine"]["device"])  # fmt: skip
+    report = {"source": source, "decode_context": context, "bound_tokens_per_second": None}
+    if limits is None:
+        return report
+    bound = limits.decode_tokens_per_s  # over the whole batch, as the decode tok/s here
+    report.update(bound_tokens_per_second=bound, limited_by=limits.decode_limited_by)
+    for name in (OURS, THEIRS, THEIRS_COMPILED):
+        if name in results:
+            report[name] = results[name]["decode_tokens_per_second"] / bound
+    return report
 
 
 def machine() -> dict:
@@ -454,22 +497,40 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
         f"{first['machine']['date']}",
         f"medians of {arguments.rounds} rounds, quartiles in parentheses; ratio = keras-mha / "
         f"transformers tok/s in the same round (above 1: keras-mha faster)",
-        "",
     ]
+    bounds = first.get("roofline")
+    if bounds and bounds.get("bound_tokens_per_second"):
+        lines.append(
+            f"decode bound {bounds['bound_tokens_per_second']:.1f} tok/s at "
+            f"{bounds['decode_context']} tokens of context ({bounds['limited_by']}; "
+            f"{bounds['source']})"
+        )
+    lines.append("")
     header = [
-        "backend",
+        "backend (decode path)",
         "prefill tok/s keras-mha",
         "transformers",
         "ratio",
         "decode tok/s keras-mha",
         "transformers",
         "ratio",
+        "transformers static+compile",
+        "ratio",
+        "decode / bound: keras-mha",
+        "transformers",
+        "static+compile",
     ]
     body = []
     for report in reports:
         ours, theirs, paired = report[OURS], report.get(THEIRS), report.get("paired", {})
         stats = ours["generation"]
-        mode = "compiled" if stats.get("compiled") else "eager"
+        mode = stats.get("path") or ("compiled" if stats.get("compiled") else "eager")
+        bounds = report.get("roofline", {})
+
+        def fraction(name, bounds=bounds):
+            value = bounds.get(name)
+            return "-" if value is None else f"{value:.2f}"
+
         body.append(
             [
                 f"{ours['backend']} ({mode})",
@@ -479,6 +540,11 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
                 _rate_cell(ours, "decode"),
                 _rate_cell(theirs, "decode"),
                 _ratio_cell(paired.get("decode")),
+                _rate_cell(report.get(THEIRS_COMPILED), "decode"),
+                _ratio_cell(report.get("paired_compiled", {}).get("decode")),
+                fraction(OURS),
+                fraction(THEIRS),
+                fraction(THEIRS_COMPILED),
             ]
         )
     lines += table(header, body, markdown)

@@ -61,6 +61,30 @@ def bound(config: dict, *, bandwidth: float, flops: float, batch: int, seq_len: 
     return speed_bounds(serving, cpu, batch=batch, seq_len=seq_len)
 
 
+def device_bound(config: dict, *, dtype: str, batch: int, seq_len: int, device: str):
+    """`(SpeedBounds, where the device's figures came from)` for a decode on `device`
+    (`backends.device_name()`): on a GPU the planner's card row (None when the table has
+    no row of that name), on the CPU this machine's measured copy bandwidth and matmul peak.
+    """
+    if device != "cpu":
+        from keras_mha.planning.planner.gpus import lookup_gpu
+        from keras_mha.planning.planner.quantization import dtype_format
+        from keras_mha.planning.planner.serving import ServingModel
+        from keras_mha.planning.planner.speed import speed_bounds
+        from keras_mha.planning.spec import from_config
+
+        gpu = lookup_gpu(device)
+        if gpu is None:
+            return None, f"no planner row for {device!r}"
+        serving = ServingModel(from_config(config), weights_format=dtype_format(dtype),
+                               kv_dtype=dtype, compute_dtype=dtype)  # fmt: skip
+        return speed_bounds(serving, gpu, batch=batch, seq_len=seq_len), f"planner: {gpu.name}"
+    bandwidth = copy_bandwidth()
+    limits = bound(config, bandwidth=bandwidth, flops=matmul_flops(), batch=batch,
+                   seq_len=seq_len)  # fmt: skip
+    return limits, f"measured copy bandwidth {bandwidth / 1e9:.1f} GB/s"
+
+
 def main(argv=None) -> int:
     """Entry point of `keras-mha bench roofline`; returns the exit code."""
     from benchmarks import models
@@ -75,12 +99,14 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-length", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-path", default="auto", help="generate(decode_path=...)")
     parser.add_argument("--json", action="store_true")
     arguments = parser.parse_args(argv)
     model_arguments = models.parse_args(
         ["--card", arguments.card, "--scale", str(arguments.scale), "--prompt-length",
          str(arguments.prompt_length), "--new-tokens", str(arguments.new_tokens),
-         "--repeats", str(arguments.repeats), "--no-transformers"]
+         "--repeats", str(arguments.repeats), "--no-transformers", "--no-roofline",
+         "--decode-path", arguments.decode_path]
     )  # fmt: skip
     bandwidth = copy_bandwidth()
     flops = matmul_flops()
@@ -94,6 +120,7 @@ def main(argv=None) -> int:
         "scale": arguments.scale,
         "parameters": results["parameters"],
         "backend": results["keras_mha"]["backend"],
+        "decode_path": results["keras_mha"]["generation"]["path"],
         "copy_bandwidth_bytes_per_s": bandwidth,
         "matmul_flops": flops,
         "decode_context": context,
@@ -108,7 +135,8 @@ def main(argv=None) -> int:
         return 0
     print(
         f"{arguments.card} / {arguments.scale}: {results['parameters'] / 1e6:.1f}M parameters "
-        f"in float32, decode at {context} tokens of context, {report['backend']} backend"
+        f"in float32, decode at {context} tokens of context, {report['backend']} backend, "
+        f"decode path {report['decode_path']}"
     )
     print(f"  copy bandwidth (read + write)  {bandwidth / 1e9:8.2f} GB/s")
     print(f"  float32 matmul peak            {flops / 1e9:8.1f} GFLOPS")

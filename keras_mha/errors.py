@@ -40,6 +40,9 @@ Exit codes (error, builtin base: when):
   loads correctly (e.g. non-uniform heads).
 - 18: `MissingDependencyError` (ImportError): an optional package (a Keras backend,
   matplotlib, tokenizers) is not installed.
+- 19: `NonFiniteError` (ArithmeticError): a computation gave NaN or infinite values where
+  numbers were needed: uptraining that diverged (a smaller learning rate), a model whose
+  weights hold NaN or infinite values.
 - 70: any other exception: a bug in keras-mha; one line and a hint to rerun with `--debug`.
 - 130: interrupted (Ctrl-C).
 - 141: the reader of stdout went away (`keras-mha inspect ... | head -1`): the run ends
@@ -302,6 +305,17 @@ class MissingDependencyError(KerasMHAError, ImportError):
     exit_code = 18
 
 
+class NonFiniteError(KerasMHAError, ArithmeticError):
+    """A computation gave NaN or infinite values where finite numbers were needed.
+
+    Example:
+        >>> NonFiniteError("uptraining diverged at step 2; try a smaller --lr").exit_code
+        19
+    """
+
+    exit_code = 19
+
+
 #: Every error class, in exit-code order (the README table is generated from the same list).
 ERROR_CLASSES: tuple[type[KerasMHAError], ...] = (
     KerasMHAError,
@@ -323,6 +337,7 @@ ERROR_CLASSES: tuple[type[KerasMHAError], ...] = (
     PruningError,
     ExportError,
     MissingDependencyError,
+    NonFiniteError,
 )
 
 __all__ = [cls.__name__ for cls in ERROR_CLASSES] + [

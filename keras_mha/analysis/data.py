@@ -42,6 +42,8 @@ class TokenData:
         special_ids, delimiter_ids: sets of ids (empty when unknown).
         token_counts: `{id: occurrences among the real, non-special tokens}`.
         tokenizer: the `tokenizers.Tokenizer` used, if any (to show tokens).
+        limit: None, or why fewer sequences were read from a text than it holds
+            (`keras_mha.data.text.most_examples`).
     """
 
     inputs: list
@@ -51,6 +53,7 @@ class TokenData:
     delimiter_ids: set = field(default_factory=set)
     token_counts: dict = field(default_factory=dict)
     tokenizer: object = None
+    limit: str | None = None
 
     @property
     def num_tokens(self):
@@ -164,9 +167,10 @@ def count_tokens(token_ids, padding_masks, special_ids):
 def text_batches(
     tokenizer, text, *, causal, batch_size, max_tokens, seq_len, pads=True, argument="data"
 ):
-    """`[(token_ids, padding_mask)]` of `text`: sentences for encoders, `seq_len` windows for
-    decoders. Without `pads` (a model that takes no padding mask) every encoder batch is
-    one sentence, unpadded."""
+    """`([(token_ids, padding_mask)], limit)` of `text`: sentences for encoders, `seq_len`
+    windows for decoders, and why fewer were read than the text holds (None: all were).
+    Without `pads` (a model that takes no padding mask) every encoder batch is one
+    sentence, unpadded."""
     from keras_mha.data import text as text_data
 
     if not text.strip():
@@ -175,12 +179,11 @@ def text_batches(
             key=argument,
         )
     if causal:
-        ids = text_data.decoder_windows(
-            tokenizer, text, seq_len, max_tokens, argument=argument
-        ).inputs
+        windows = text_data.decoder_windows(tokenizer, text, seq_len, max_tokens, argument=argument)
+        ids = windows.inputs
         masks = np.ones_like(ids, dtype=bool)
         bounds = [(s, s + batch_size) for s in range(0, len(ids), batch_size)]
-        return [(ids[a:b], masks[a:b]) for a, b in bounds]
+        return [(ids[a:b], masks[a:b]) for a, b in bounds], windows.limit
     sentences = text_data.encoder_sentences(
         tokenizer, text, seq_len, max_tokens, argument=argument, min_sentences=1
     )
@@ -189,12 +192,12 @@ def text_batches(
         return [
             (sentences.token_ids[i : i + 1, :n], sentences.padding_mask[i : i + 1, :n])
             for i, n in enumerate(lengths)
-        ]
+        ], sentences.limit
     batches = []
     for start in range(0, sentences.num_examples, batch_size):
         inputs = sentences.inputs(start, start + batch_size)
         batches.append((inputs["token_ids"], inputs["padding_mask"]))
-    return batches
+    return batches, sentences.limit
 
 
 def _ids_and_mask(x, argument):
@@ -214,6 +217,13 @@ def _ids_and_mask(x, argument):
             f"`{argument}` token ids have shape {ids.shape} and dtype {ids.dtype}; expected "
             "integers of shape (batch, length)",
             key=argument,
+        )
+    if ids.size and int(ids.min()) < 0:
+        raise UsageError(
+            f"`{argument}` token ids hold {int(ids.min())}; expected ids of the vocabulary "
+            "(0 or more)",
+            key=argument,
+            value=int(ids.min()),
         )
     mask = np.ones(ids.shape, dtype=bool) if mask is None else np.asarray(mask).astype(bool)
     if mask.shape != ids.shape:
@@ -236,6 +246,7 @@ def token_data(
     special_ids=None,
     delimiter_ids=None,
     pads=True,
+    vocab_size=None,
     argument="data",
 ):
     """A `TokenData` from text (with `tokenizer`) or token-id batches.
@@ -250,7 +261,10 @@ def token_data(
         batch_size, max_tokens, seq_len: as in `head_roles`.
         pads: the model takes a padding mask (else text is fed unpadded, see
             `text_batches`).
+        vocab_size: the model's vocabulary, where known: token ids outside it are refused
+            (negative ids always are).
     """
+    from keras_mha.models.inputs import check_token_ids
     from keras_mha.pruning.batches import Batches
 
     if isinstance(data, str):
@@ -259,7 +273,7 @@ def token_data(
                 f"`{argument}` is text but no tokenizer is known; pass tokenizer=",
                 key=argument,
             )
-        pairs = text_batches(
+        pairs, limit = text_batches(
             tokenizer,
             data,
             causal=causal,
@@ -273,13 +287,16 @@ def token_data(
     else:
         try:
             batches = Batches(data, batch_size=batch_size, argument=argument)
-        except ValueError as error:
+        except (TypeError, ValueError) as error:
             raise UsageError(str(error), key=argument) from None
-        pairs, inputs, total = [], [], 0
+        pairs, inputs, total, limit = [], [], 0, None
         for x, _, _ in batches:
             if max_tokens is not None and total >= max_tokens:
                 break
             ids, mask = _ids_and_mask(x, argument)
+            if vocab_size is not None:
+                # Before the tokenizer decodes them (it overflows on ids past 2**32).
+                check_token_ids(ids, vocab_size, argument=f"`{argument}` token ids")
             pairs.append((ids, mask))
             inputs.append(x)
             total += int(mask.sum())
@@ -300,6 +317,7 @@ def token_data(
         delimiter_ids=delimiters - special,
         token_counts=count_tokens(ids, masks, special),
         tokenizer=tokenizer,
+        limit=limit,
     )
 
 

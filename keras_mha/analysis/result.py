@@ -4,14 +4,17 @@
 
 - `model`, `architecture` (`"encoder"` | `"decoder"`), `backend`;
 - `data`: `tokens` (real tokens read), `sequences`, `queries` (real queries the
-  statistics average over, per layer: the same for every layer);
+  statistics average over, per layer: the same for every layer), `limit` (null, or why
+  fewer sequences were read than the text holds);
 - `thresholds`: `{role: {"statistics": [...], "at_least": x}}`, and `syntax_margin`,
   `min_relation_words`;
 - `layers`: `[{"name", "index", "heads": [{"head", "role", "statistics": {name: value or
   null}, "importance": value or null}]}]`;
 - `role_counts`: `{role: heads}`;
 - `importance`: null or `{"method"}`; `survival`: null or `{"25%": {role: {"heads",
-  "kept"}}, "50%": ...}` (see `survival`);
+  "kept"}}, "50%": ..., "removed": {"25%": {layer: [heads]}, ...}, "limited": {"50%":
+  {"asked", "removable"}}}` (`limited`: fractions that would take a layer's last head;
+  see `survival`);
 - `syntax`: null or the treebank report (see `syntax.SyntaxReport.to_dict`).
 
 Example:
@@ -102,6 +105,7 @@ class HeadRoles:
         architecture: `"encoder"` or `"decoder"`.
         backend: the Keras backend that ran the model.
         tokens, sequences: real tokens and sequences read.
+        limit: None, or why fewer sequences were read than the text holds.
         importance: `{path: scores}` or None; `importance_method` names the scorer.
         survival: as `survival.roles_surviving` returns, or None.
         syntax: a `syntax.SyntaxReport` or None.
@@ -114,6 +118,7 @@ class HeadRoles:
     backend: str = ""
     tokens: int = 0
     sequences: int = 0
+    limit: str | None = None
     importance: dict | None = None
     importance_method: str | None = None
     survival: dict | None = None
@@ -175,6 +180,7 @@ class HeadRoles:
                 "tokens": int(self.tokens),
                 "sequences": int(self.sequences),
                 "queries": int(self.layer_roles[0].queries) if self.layer_roles else 0,
+                "limit": self.limit,
             },
             "thresholds": {
                 **{
@@ -253,12 +259,17 @@ class HeadRoles:
                     entry = self.survival[level][role]
                     cells.append(f"{entry['kept']} ({entry['kept'] / entry['heads']:.0%})")
                 rows.append(cells)
+            notes = [
+                f"at {level}: {entry['removable']} head(s) removed, not {entry['asked']}: every "
+                "layer keeps at least one"
+                for level, entry in self.survival.get("limited", {}).items()
+            ]
             sections.append(
                 (
                     "which roles survive pruning",
                     ["role", "heads", "kept at 25%", "kept at 50%"],
                     rows,
-                    [],
+                    notes,
                 )
             )
         if self.syntax is not None:
@@ -271,6 +282,7 @@ class HeadRoles:
         return (
             f"{self.model}: {self.architecture}, {len(self.layers)} attention layers, {heads} "
             f"heads; {self.tokens:,} tokens in {self.sequences:,} sequences ({self.backend})"
+            + (f"; {self.limit}" if self.limit else "")
         )
 
     def table(self, width=DEFAULT_WIDTH):

@@ -80,7 +80,13 @@ def assign_roles(statistics, syntactic=None):
         ['local']
     """
     syntactic = syntactic or {}
-    num_heads = len(next(value for value in statistics.values() if value is not None))
+    measured = [value for value in statistics.values() if value is not None]
+    if not measured:
+        raise ValueError(
+            "`statistics` holds no measured statistic (every value is None): no real query "
+            "saw two or more keys; expected statistics of sequences of at least 2 real tokens."
+        )
+    num_heads = len(measured[0])
     roles = []
     for head in range(num_heads):
         if head in syntactic:
@@ -152,6 +158,10 @@ def classify_heads(
     Returns:
         A `LayerRoles`.
 
+    Raises:
+        ValueError: maps that are not probabilities (`statistics.as_probabilities`), or
+            no real query that sees two or more keys (nothing to measure).
+
     Example:
         >>> length = 6
         >>> previous = np.eye(length, k=-1); previous[0, 0] = 1.0
@@ -170,6 +180,12 @@ def classify_heads(
         delimiter_ids=delimiter_ids,
         token_counts=token_counts,
     )
+    if not stats.queries:
+        raise ValueError(
+            f"`attention` of shape {attention.shape}: no real query sees two or more keys "
+            "(with this padding_mask, causal and sliding_window), so no head statistic can be "
+            "measured; expected sequences of at least 2 real tokens."
+        )
     means = stats.means()
     return LayerRoles(means, assign_roles(means), stats.queries)
 

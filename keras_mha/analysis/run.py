@@ -40,6 +40,36 @@ def _check_positive(name, value, allow_none=False):
     return int(value)
 
 
+def _check_something_to_measure(prepared):
+    """Refuse data in which no sequence has two real tokens, before the model runs: a head's
+    statistics average over queries that see two or more keys."""
+    longest = max(
+        (int(mask.sum(axis=1).max(initial=0)) for mask in prepared.padding_masks), default=0
+    )
+    if longest < 2:
+        raise UsageError(
+            f"data: {prepared.num_sequences} sequence(s) of at most {longest} real token(s); a "
+            "head's statistics need a query that sees two or more tokens: give sequences of at "
+            "least 2 real tokens (seq_len, --seq-len, of 2 or more)",
+            key="data",
+            value=longest,
+        )
+
+
+def _next_batch(current, index):
+    """Before batch `index` (None: after the last), stop at non-finite attention."""
+    if "non_finite" in current:
+        from keras_mha.errors import NonFiniteError
+
+        raise NonFiniteError(
+            f"layer {current['non_finite']!r} gave NaN or infinite attention probabilities on "
+            f"batch {current['batch']} of the data; the model's weights (or its inputs) hold "
+            "NaN or infinite values, so its heads cannot be classified",
+            key=current["non_finite"],
+        )
+    current.update(batch=index)
+
+
 def head_roles(
     model,
     data,
@@ -86,7 +116,9 @@ def head_roles(
 
     Raises:
         ValueError: `model` has no keras-mha attention layer, or it is not built.
-        UsageError: bad data, arguments, or a treebank that does not match the tokenizer.
+        UsageError: bad data (ids outside the vocabulary, no sequence of two real tokens),
+            arguments, or a treebank that does not match the tokenizer.
+        NonFiniteError: the model gave NaN or infinite attention (NaN weights).
 
     Example:
         >>> result = head_roles(model, {"token_ids": ids, "padding_mask": mask})  # doctest: +SKIP
@@ -122,7 +154,9 @@ def head_roles(
         special_ids=special_ids,
         delimiter_ids=delimiter_ids,
         pads=takes_padding_mask(model),
+        vocab_size=getattr(model, "vocab_size", None),
     )
+    _check_something_to_measure(prepared)
     statistics = {
         path: HeadStatistics(
             layer.num_heads, causal=layer.causal, sliding_window=layer.sliding_window
@@ -131,8 +165,17 @@ def head_roles(
     }
     current = {}
 
+    from keras import ops
+
     def on_attention(path, probabilities):
         index = current["batch"]
+        probabilities = ops.convert_to_numpy(probabilities)
+        if not np.isfinite(probabilities).all():
+            # Raised by on_batch, outside the layer's call (Keras rewrites errors raised
+            # inside it); the batch's other layers are skipped.
+            current.setdefault("non_finite", path)
+        if "non_finite" in current:
+            return
         statistics[path].update(
             probabilities,
             padding_mask=prepared.padding_masks[index],
@@ -152,7 +195,8 @@ def head_roles(
         ) as bar,
         record_attention(model, on_attention),
     ):
-        run_model(model, prepared, lambda i: current.update(batch=i), bar)
+        run_model(model, prepared, lambda i: _next_batch(current, i), bar)
+    _next_batch(current, None)
 
     syntax = None
     if treebank_data is not None:
@@ -161,6 +205,13 @@ def head_roles(
         syntax = treebank_accuracy(model, layers, treebank_data, batch_size=batch_size)
     winners = syntax.syntactic_heads() if syntax is not None else {}
     layer_roles = []
+    for path, stats in statistics.items():
+        if not stats.queries:
+            raise UsageError(
+                f"data: no query of layer {path!r} sees two or more keys (its sliding window is "
+                f"{layers[path].sliding_window}), so its heads have nothing to measure",
+                key="data",
+            )
     for index, stats in enumerate(statistics.values()):
         means = stats.means()
         layer_roles.append(
@@ -174,6 +225,7 @@ def head_roles(
         backend=backends.name(),
         tokens=prepared.num_tokens,
         sequences=prepared.num_sequences,
+        limit=prepared.limit,
         syntax=syntax,
     )
     if importance is not None:

@@ -27,6 +27,9 @@ LOCAL_WINDOW = 2
 #: A query counts for `rare` only when its rarest visible content tokens are at most this
 #: share of what it sees: when most tokens tie (little text, each word once), none stands out.
 RARE_SHARE = 0.25
+#: How far a map may stray from probabilities (values in [0, 1], rows summing to 1) and still
+#: be read as them: bfloat16 rounds each probability by up to 0.4%.
+PROBABILITY_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,39 @@ def as_probabilities(attention):
     if not np.isfinite(attention).all():
         raise ValueError("`attention` holds NaN or infinite values; expected probabilities.")
     return attention
+
+
+def check_probabilities(attention, real):
+    """Refuse maps whose real queries' rows are not softmax rows: values in [0, 1], summing
+    to 1 (or to 0, a query that sees no key), within `PROBABILITY_TOLERANCE`. Rows of padded
+    queries are not read, so they are not checked.
+
+    Example:
+        >>> check_probabilities(np.full((1, 1, 2, 2), 5.0), np.ones((1, 2), bool))
+        Traceback (most recent call last):
+        ValueError: `attention` holds a value of 5 in the row of query 0 of batch 0, head 0; ...
+    """
+    rows = attention.transpose(0, 2, 1, 3)  # (batch, query, heads, key)
+    sums = rows.sum(axis=-1, dtype="float64")
+    tolerance = PROBABILITY_TOLERANCE
+    out_of_range = ((rows < 0.0) | (rows > 1.0 + tolerance)).any(axis=-1)
+    bad = real[:, :, None] & (
+        out_of_range | ((np.abs(sums - 1.0) > tolerance) & (sums > tolerance))
+    )
+    if not bad.any():
+        return
+    batch, query, head = (int(i) for i in np.argwhere(bad)[0])
+    row = rows[batch, query, head]
+    if out_of_range[batch, query, head]:
+        value = float(row.min() if row.min() < 0.0 else row.max())
+        found = f"a value of {value:.4g}"
+    else:
+        found = f"a sum of {float(sums[batch, query, head]):.4g}"
+    raise ValueError(
+        f"`attention` holds {found} in the row of query {query} of batch {batch}, head {head}; "
+        "expected probabilities (batch, heads, query, key): values in [0, 1], each real "
+        "query's row summing to 1 (or 0 where it sees no key)."
+    )
 
 
 def _as_mask(padding_mask, shape, argument="padding_mask"):
@@ -171,6 +207,14 @@ class HeadStatistics:
                 f"{self.num_heads}."
             )
         real = _as_mask(padding_mask, (batch, length))
+        if token_ids is not None and np.shape(token_ids) != (batch, length):
+            raise ValueError(
+                f"`token_ids` has shape {np.shape(token_ids)}; expected {(batch, length)} (batch, "
+                "length)."
+            )
+        if not real.any():
+            return  # no real token (an empty batch, all padding): nothing to measure
+        check_probabilities(attention, real)
         visible = visible_keys(real, causal=self.causal, sliding_window=self.sliding_window)
         positions = np.arange(length)
         offset = positions[None, :] - positions[:, None]  # key - query
@@ -190,11 +234,6 @@ class HeadStatistics:
             del key_sets["next"]  # a causal query never sees the next token
         if token_ids is not None:
             ids = np.asarray(token_ids)
-            if ids.shape != (batch, length):
-                raise ValueError(
-                    f"`token_ids` has shape {ids.shape}; expected {(batch, length)} (batch, "
-                    "length)."
-                )
             special = np.isin(ids, list(special_ids)) & ~is_first
             delimiter = np.isin(ids, list(delimiter_ids)) & ~special & ~is_first
             if special_ids:
@@ -259,11 +298,13 @@ def _shifted(visible, offset):
 
 __all__ = [
     "LOCAL_WINDOW",
+    "PROBABILITY_TOLERANCE",
     "RARE_SHARE",
     "STATISTICS",
     "STATISTIC_NAMES",
     "HeadStatistics",
     "as_probabilities",
+    "check_probabilities",
     "rarest_keys",
     "visible_keys",
 ]

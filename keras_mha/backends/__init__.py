@@ -27,12 +27,16 @@ INTERFACE = (
     # Decoding (GroupedQueryAttention.make_decode_function, generate).
     "compile_decode_step",  # forward -> the step this backend decodes with
     "decode_function",  # GroupedQueryAttention.make_decode_function
+    "layer_call",  # GroupedQueryAttention.__call__: a decode call without Keras's, or None
     "eager_step",  # GroupedQueryAttention.call: an eager decode step, or None
     "gates_are_ones",  # GroupedQueryAttention._output: skip multiplying by 1
     "eager_calls",  # generate's eager leaf-layer calls (models.direct_calls), or None
     "variable_caches",  # bool: generate keeps its caches in variables (TensorFlow)
     "compiles_decode",  # bool: generate's steps are compiled by default
     "cache_factory",  # generate: the function that makes zero caches, compiled or not
+    "decode_paths",  # generate: its decode paths for a model here, the default first
+    "compile_generation_loop",  # generate's whole loop as one program, or None
+    "generation",  # generate's on-device loop and CUDA-graph step (a module), or None
     # Attention kernels (layers.attention_kernels, layers.attention_paths).
     "fused_attention",
     "reads_cache_prefix_cheaply",

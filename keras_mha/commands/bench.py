@@ -42,7 +42,8 @@ def add_parser(subcommands) -> None:
     subcommands.add_parser(
         NAME,
         help="benchmarks from a source checkout: `bench layers [...]` (default), "
-        "`bench model [...]`, `bench inspect [...]`, `bench roofline [...]`",
+        "`bench model [...]`, `bench inspect [...]`, `bench roofline [...]`, "
+        "`bench host-cost [...]`",
         add_help=False,
     )
 

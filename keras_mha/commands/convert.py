@@ -39,7 +39,7 @@ from keras_mha.commands.options import (
     positive_int_type,
 )
 from keras_mha.commands.terminal import report_width
-from keras_mha.errors import PruningError, UsageError
+from keras_mha.errors import NonFiniteError, PruningError, UsageError
 
 METHODS = ("mean", "first", "regroup")  # = keras_mha.layers.kv_conversion.METHODS
 FORMATS = ("table", "json", "markdown")
@@ -209,16 +209,24 @@ def _uptrain(model, kind, train, arguments, progress_enabled):
         label="uptraining",
         enabled=progress_enabled,
     ) as bar:
-        losses = uptrain(
-            model,
-            train,
-            steps=arguments.steps,
-            learning_rate=arguments.lr,
-            batch_size=arguments.batch_size,
-            teacher=teacher,
-            seed=arguments.seed,
-            progress=bar,
-        )
+        try:
+            losses = uptrain(
+                model,
+                train,
+                steps=arguments.steps,
+                learning_rate=arguments.lr,
+                batch_size=arguments.batch_size,
+                teacher=teacher,
+                seed=arguments.seed,
+                progress=bar,
+            )
+        except NonFiniteError as error:
+            message = str(error).replace("learning_rate=", "--lr ").replace("learning_rate", "--lr")
+            raise NonFiniteError(
+                f"{message}; nothing was written",
+                key="--lr",
+                value=arguments.lr,
+            ) from None
     seconds = time.perf_counter() - started
     objective = "next_token"
     if arguments.distill:
@@ -233,6 +241,27 @@ def _uptrain(model, kind, train, arguments, progress_enabled):
         "teacher_bytes": teacher_bytes,
     }
     return entry, seconds
+
+
+def _check_quality(quality, arguments):
+    """Refuse NaN or infinite figures before anything is written: the model they measure is
+    broken (NaN weights) or uptraining diverged."""
+    if quality is None:
+        return
+    causes = {
+        "original": "the checkpoint's weights hold NaN or infinite values",
+        "converted": "the converted weights hold NaN or infinite values",
+        "uptrained": f"uptraining diverged; try a smaller --lr than {arguments.lr:g}",
+    }
+    for stage, cause in causes.items():
+        value = quality[stage]
+        if value is not None and not math.isfinite(value):
+            raise NonFiniteError(
+                f"--data: the {stage} model's {quality['metric'].replace('_', ' ')} on the "
+                f"held-out text is {value}: {cause}; nothing was written",
+                key="--data",
+                value=value,
+            )
 
 
 def _weight_bytes(model):
@@ -302,6 +331,7 @@ def run(arguments) -> int:
             "train_examples": int(train.num_examples),
             "held_out_examples": int(held_out.num_examples),
             "sequence_length": int(arguments.seq_len),
+            "limit": examples.limit,
         }
     quality = reference = None
     if held_out is not None:
@@ -312,6 +342,7 @@ def run(arguments) -> int:
             "converted": None,
             "uptrained": None,
         }
+        _check_quality(quality, arguments)  # a NaN checkpoint: before any work
     parameters_before = int(model.count_params())
     measure_seconds = time.perf_counter() - measure_started
 
@@ -322,6 +353,7 @@ def run(arguments) -> int:
     measure_started = time.perf_counter()
     if quality is not None:
         quality["converted"], _ = _quality(model, kind, held_out, arguments.batch_size, reference)
+        _check_quality(quality, arguments)
     measure_seconds += time.perf_counter() - measure_started
 
     uptraining, uptrain_seconds = None, None
@@ -332,6 +364,7 @@ def run(arguments) -> int:
         quality["uptrained"], _ = _quality(model, kind, held_out, arguments.batch_size, reference)
         measure_seconds += time.perf_counter() - measure_started
 
+    _check_quality(quality, arguments)
     export_started = time.perf_counter()
     export = _export(model, arguments)
     export_seconds = time.perf_counter() - export_started
@@ -344,10 +377,11 @@ def run(arguments) -> int:
         "method": arguments.method,
         "num_layers": len(layers),
         "num_attention_heads": first_layer.num_heads,
-        "kv_heads": {"before": kv_before, "after": arguments.kv_heads},
+        # What the Keras model holds now, which every row of the report describes.
+        "kv_heads": {"before": kv_before, "after": first_layer.num_key_value_heads},
         "kv_cache": kv_cache_figures(
             exporting.source_config(model),
-            arguments.kv_heads,
+            first_layer.num_key_value_heads,
             kv_dtype=exporting.compute_dtype(model),
         ),
         "parameters": {"before": parameters_before, "after": int(model.count_params())},

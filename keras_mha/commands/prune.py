@@ -461,6 +461,7 @@ def run(arguments) -> int:
             "examples": int(data.num_examples),
             "batches": len(data.batch_tokens(arguments.batch_size)),
             "sequence_length": int(sequence_length),
+            "limit": data.limit,
         },
         "flops_sequence_length": int(sequence_length),
         "scoring_seconds": round(scoring_seconds, 3),

@@ -274,6 +274,7 @@ def render_table(report, width=DEFAULT_WIDTH) -> str:
             f"data: {data['file']} — {data['tokens']:,} tokens in {data['examples']} "
             f"{'windows' if report['architecture'] == 'decoder' else 'sentences'}, "
             f"{data['batches']} batches; scoring took {report['scoring_seconds']:.1f} s"
+            + (f" ({data['limit']})" if data.get("limit") else "")
         )
     table = [
         "  ".join(

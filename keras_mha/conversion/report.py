@@ -4,9 +4,12 @@ Keys of `--format json` (all sizes in bytes, times in seconds):
 
 - `kv_heads`: `{"before", "after"}` per layer; `num_attention_heads`, `num_layers`.
 - `kv_cache`: from the cost model (`keras_mha.planning.costs.kv_cache_cost`) for the
-  config before and after: `{"dtype", "context_length", "applicable", "note",
-  "before": {"bytes_per_token", "bytes_at_context"}, "after": {...}}` (encoders keep
-  no cache: `applicable` false, zeros).
+  source model and for the converted Keras model (`describes`: "keras_model"):
+  `{"dtype", "context_length", "applicable", "note", "describes", "before":
+  {"bytes_per_token", "bytes_at_context"}, "after": {...}}` (encoders keep no cache:
+  `applicable` false, zeros). Every column of the report describes the Keras model the
+  command produced; the written checkpoint holds the same heads (`export`), else the
+  report says which it describes.
 - `parameters`: `{"before", "after"}`, `count_params()` of the Keras model.
 - `quality`: `{"metric": "perplexity" | "embedding_cosine", "original", "converted",
   "uptrained"}` on the held-out text (null without `--data`; `uptrained` null without
@@ -15,7 +18,8 @@ Keys of `--format json` (all sizes in bytes, times in seconds):
 - `uptraining`: null, or `{"steps", "batch_size", "learning_rate", "objective",
   "loss_first", "loss_last", "teacher_bytes"}`.
 - `data`: null, or `{"file", "tokens", "train_examples", "held_out_examples",
-  "sequence_length"}`.
+  "sequence_length", "limit"}` (`limit`: null, or why fewer examples were read than the
+  text holds, `keras_mha.data.text.most_examples`).
 - `seconds`: `{"load", "measure", "convert", "uptrain", "export", "total"}`.
 - `export`: what was written (`format` "hub" or "keras"; for "keras", `reason`).
 
@@ -40,45 +44,41 @@ OBJECTIVE_LABELS = {
 }
 
 
-def config_with_kv_heads(config, num_key_value_heads):
-    """A copy of a Hub config stating `num_key_value_heads` (in `text_config` when nested).
-
-    Example:
-        >>> config_with_kv_heads({"num_attention_heads": 8}, 2)
-        {'num_attention_heads': 8, 'num_key_value_heads': 2}
-    """
-    import json
-
-    config = json.loads(json.dumps(config))
-    target = config
-    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
-        target = config["text_config"]
-    target["num_key_value_heads"] = int(num_key_value_heads)
-    return config
-
-
 def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
-    """The cost model's KV cache for `config` before and after the conversion.
+    """The cost model's KV cache of `config`'s model, and of the same model holding
+    `num_key_value_heads` KV heads per layer (the converted Keras model).
+
+    The "after" figures come from the source's `ModelSpec` with its KV heads replaced,
+    not from a config stating them: the configs of GPT-2, BERT and GPT-NeoX cannot state
+    fewer KV heads than query heads, and reading one back would give the original size.
 
     Returns the report's `kv_cache` entry: bytes per token and at the model's context
     length (its config's, else `keras_mha.planning.plan.default_seq_len`), batch 1.
 
     Example:
-        >>> kv_cache_figures(llama_config, 8, kv_dtype="bfloat16")["after"]  # doctest: +SKIP
-        {'bytes_per_token': 131072, 'bytes_at_context': 1073741824}
+        >>> gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+        ...         "vocab_size": 100, "n_positions": 32}
+        >>> figures = kv_cache_figures(gpt2, 1, kv_dtype="float32")
+        >>> figures["before"]["bytes_per_token"], figures["after"]["bytes_per_token"]
+        (1024, 256)
     """
+    import dataclasses
+
     from keras_mha.planning.plan import context_length, default_seq_len, plan_config
     from keras_mha.planning.spec import from_config
 
-    entry = {"dtype": kv_dtype}
-    for when, figures in (
-        ("before", config),
-        ("after", config_with_kv_heads(config, num_key_value_heads)),
-    ):
-        spec = from_config(figures)
+    before = from_config(config)
+    heads = before.attention.num_attention_heads
+    kind = "MHA" if num_key_value_heads == heads else "MQA" if num_key_value_heads == 1 else "GQA"
+    attention = dataclasses.replace(
+        before.attention, num_key_value_heads=int(num_key_value_heads), attention_kind=kind
+    )
+    after = dataclasses.replace(before, attention=attention)
+    entry = {"dtype": kv_dtype, "describes": "keras_model"}
+    for when, spec in (("before", before), ("after", after)):
         context = context_length(spec) or default_seq_len(spec)
         # The plan of `inspect` and `keras_mha.plan`, at the model's context length.
-        plan = plan_config(figures, seq_lens=[context], kv_dtype=kv_dtype, spec=spec)
+        plan = plan_config(config, seq_lens=[context], kv_dtype=kv_dtype, spec=spec)
         cost = plan.kv_caches[-1].cost
         entry.update(context_length=context, applicable=cost.applicable, note=cost.note)
         entry[when] = {
@@ -108,7 +108,7 @@ def _rows(report):
     ]
     if cache["applicable"]:
         for label, key in (
-            (f"KV cache / token ({cache['dtype']})", "bytes_per_token"),
+            (f"KV cache / token ({cache['dtype']}, Keras model)", "bytes_per_token"),
             (f"KV cache at {cache['context_length']:,} tokens", "bytes_at_context"),
         ):
             after = format_bytes(cache["after"][key])
@@ -156,6 +156,7 @@ def _summary_lines(report, text):
         lines.append(
             f"data: {text(data['file'])}: {data['tokens']:,} tokens, {data['train_examples']} "
             f"{unit} to uptrain on, {data['held_out_examples']} held out"
+            + (f" ({text(data['limit'])})" if data.get("limit") else "")
         )
     uptraining = report["uptraining"]
     if uptraining:
@@ -187,11 +188,17 @@ def _export_line(report, text):
     export = report["export"]
     if export["format"] == "keras":
         return f"wrote {text(export['path'])}/model.keras ({text(export['reason'])})"
-    return (
+    line = (
         f"wrote {text(export['path'])}: {', '.join(text(name) for name in export['files'])} "
         f"(num_attention_heads={export['num_attention_heads']}, "
         f"num_key_value_heads={export['num_key_value_heads']})"
     )
+    if export["num_key_value_heads"] != report["kv_heads"]["after"]:
+        line += (
+            f"; the figures above describe the Keras model, of {report['kv_heads']['after']} "
+            "KV heads per layer"
+        )
+    return line
 
 
 def render_table(report, width=DEFAULT_WIDTH) -> str:

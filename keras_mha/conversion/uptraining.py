@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from keras_mha.errors import UnsupportedModelError, UsageError
+from keras_mha.errors import NonFiniteError, UnsupportedModelError, UsageError
 
 OBJECTIVES = ("next_token", "distill")
 WARMUP_FRACTION = 0.1
@@ -204,6 +204,8 @@ def _progress_callback_class():
             loss = (steps + 1) * mean - steps * self._running_mean
             self._running_mean = mean
             self.losses.append(loss)
+            if not math.isfinite(loss):
+                self.model.stop_training = True  # diverged: every later step is NaN too
             if self.bar is not None:
                 self.bar.label = f"uptraining (loss {loss:.4g})"
                 self.bar.advance(tokens=self.tokens_per_step)
@@ -244,6 +246,9 @@ def uptrain(
     Raises:
         UnsupportedModelError: an encoder without `teacher`.
         UsageError: `steps`, `batch_size` or `learning_rate` not positive.
+        NonFiniteError: the run diverged: a step's loss, or a weight after the last step,
+            is NaN or infinite. Training stops at the first such step; `model`'s weights
+            are then those of the failed step (load the model again to retry).
 
     Example:
         >>> losses = uptrain(model, train, steps=100, learning_rate=3e-4)  # doctest: +SKIP
@@ -290,4 +295,28 @@ def uptrain(
     # shuffle=False: `batches` is shuffled by `seed` already; fit would reorder it with
     # Python's global `random`, so that two runs would not see the same batches.
     trainer.fit(batches, epochs=1, shuffle=False, verbose=verbose, callbacks=[callback])
+    _check_finite(model, callback.losses, steps, rate)
     return callback.losses
+
+
+def _check_finite(model, losses, steps, learning_rate):
+    """Raise `NonFiniteError` when a step's loss, or a weight after the last step, is NaN or
+    infinite: the run diverged (the last step's update is checked through the weights)."""
+    from keras import ops
+
+    bad_step = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
+    if bad_step is None:
+        bad = next(
+            (w for w in model.trainable_weights if not bool(ops.all(ops.isfinite(w.value)))), None
+        )
+        if bad is None:
+            return
+        where = f"after step {len(losses)} of {steps} its weights (first {bad.path!r}) are"
+    else:
+        where = f"at step {bad_step + 1} of {steps} its loss is"
+    raise NonFiniteError(
+        f"uptraining diverged: {where} NaN or infinite with learning_rate={learning_rate:g}; "
+        f"try a smaller learning_rate (e.g. {learning_rate / 100:g})",
+        key="learning_rate",
+        value=learning_rate,
+    )

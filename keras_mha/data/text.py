@@ -14,7 +14,10 @@ ones the model was trained on.
   tokenizer's own special tokens (`[CLS] ... [SEP]`), truncated to `seq_len`, and
   padded to the longest one.
 
-`max_tokens` caps the real (non-padding) tokens taken from the start of the text.
+`max_tokens` caps the real (non-padding) tokens taken from the start of the text, and
+the examples: at most one window or sentence per `TOKENS_PER_EXAMPLE` tokens of it, so
+that a text of tiny sentences costs no more than one of full ones (the data's `limit`
+says when that cap stopped the reading).
 
 Example:
     >>> tokenizer = load_tokenizer("path/to/checkpoint")  # doctest: +SKIP
@@ -41,6 +44,10 @@ TOKENIZER_FILE_NAME = "tokenizer.json"
 # rarely shorter than a character); bounds memory for a huge --data file.
 _CHARACTERS_PER_TOKEN_READ = 16
 _READ_CHUNK = 1 << 20  # characters
+# Every example scored costs at least the work of this many tokens (a forward pass row,
+# its padding, a batch's overhead): `max_tokens` also caps the examples, so that a text of
+# tiny sentences (or `--seq-len 2`) costs no more than one of full ones.
+TOKENS_PER_EXAMPLE = 16
 # What `--data` cannot be: reading a device or socket never ends (or ends in garbage).
 _NOT_TEXT_FILES = (
     (stat.S_ISDIR, "a directory"),
@@ -210,6 +217,7 @@ class DecoderData:
     inputs: np.ndarray
     targets: np.ndarray
     num_tokens: int
+    limit: str | None = None  # what stopped reading short of the text (see most_examples)
 
     @property
     def num_examples(self):
@@ -236,6 +244,7 @@ class EncoderData:
     token_ids: np.ndarray
     padding_mask: np.ndarray
     num_tokens: int
+    limit: str | None = None  # what stopped reading short of the text (see most_examples)
 
     @property
     def num_examples(self):
@@ -296,6 +305,23 @@ def _paragraphs(text):
             yield paragraph
 
 
+def most_examples(max_tokens, unit):
+    """`(examples, why)`: at most one window or sentence per `TOKENS_PER_EXAMPLE` tokens of
+    `max_tokens` (at least 2), and the words saying so; `(None, None)` without a cap.
+
+    Example:
+        >>> most_examples(16384, "sentences")
+        (1024, 'at most 1,024 sentences: one per 16 tokens of --max-tokens 16384')
+    """
+    if max_tokens is None:
+        return None, None
+    most = max(2, max_tokens // TOKENS_PER_EXAMPLE)
+    why = (
+        f"at most {most:,} {unit}: one per {TOKENS_PER_EXAMPLE} tokens of --max-tokens {max_tokens}"
+    )
+    return most, why
+
+
 def decoder_windows(tokenizer, text, seq_len, max_tokens=None, *, argument="--data"):
     """Cut `text` into next-token windows of `seq_len` tokens.
 
@@ -333,6 +359,10 @@ def decoder_windows(tokenizer, text, seq_len, max_tokens=None, *, argument="--da
             key=argument,
             value=len(stream),
         )
+    most, limit = most_examples(max_tokens, "windows")
+    if most is None or count <= most:
+        limit = None
+    count = count if limit is None else most
     inputs = np.empty((count, seq_len), dtype="int32")
     targets = np.empty((count, seq_len), dtype="int32")
     for index in range(count):
@@ -340,7 +370,7 @@ def decoder_windows(tokenizer, text, seq_len, max_tokens=None, *, argument="--da
         window = prefix + stream[start : start + content_per_window + 1]
         inputs[index] = window[:-1]
         targets[index] = window[1:]
-    return DecoderData(inputs, targets, num_tokens=int(count * seq_len))
+    return DecoderData(inputs, targets, num_tokens=int(count * seq_len), limit=limit)
 
 
 def split_sentences(text):
@@ -376,7 +406,14 @@ def encoder_sentences(
     pad_id = _pad_id(tokenizer)
     rows: list[list[int]] = []
     total = 0
+    most, why = most_examples(max_tokens, "sentences")
+    limit = None
     for sentence in split_sentences(text):
+        if most is not None and len(rows) == most:
+            limit = why  # sentences are left over
+            break
+        # A sentence is cut to seq_len tokens: reading more of it is work for nothing.
+        sentence = sentence[: seq_len * _CHARACTERS_PER_TOKEN_READ]
         ids = tokenizer.encode(sentence, add_special_tokens=True).ids
         if len(ids) > seq_len:
             # Truncate the content, keep the closing special token ([SEP]).
@@ -397,7 +434,7 @@ def encoder_sentences(
     for index, ids in enumerate(rows):
         token_ids[index, : len(ids)] = ids
         padding_mask[index, : len(ids)] = True
-    return EncoderData(token_ids, padding_mask, num_tokens=total)
+    return EncoderData(token_ids, padding_mask, num_tokens=total, limit=limit)
 
 
 def _pad_id(tokenizer):

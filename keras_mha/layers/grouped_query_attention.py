@@ -236,6 +236,16 @@ class GroupedQueryAttention(keras.layers.Layer):
             constraint=self.bias_constraint,
         )
 
+    def __call__(self, *args, **kwargs):
+        # A decode call (`layer(x, cache=..., cache_index=...)`) where Keras's bookkeeping
+        # would add nothing goes straight to the backend's step (eager PyTorch: as fast
+        # as the decode function); anything else is Keras's call.
+        if len(args) == 1 and "cache" in kwargs:
+            done = backends.current().layer_call(self, args[0], kwargs)
+            if done is not None:
+                return done
+        return super().__call__(*args, **kwargs)
+
     def build(self, query_shape, value_shape=None, key_shape=None):
         validation.check_input_shapes(query_shape, value_shape, key_shape)
         value_shape = query_shape if value_shape is None else value_shape
@@ -541,6 +551,8 @@ class GroupedQueryAttention(keras.layers.Layer):
         if cache_index is not None:
             validation.check_cache_index(cache_index)
         validation.check_cache_use(cache, cache_index, inputs.self_attention)
+        if cache is not None:
+            validation.check_query_length(inputs.query.shape)
         self._check_features("query", inputs.query, self._query_features)
         if cache is None or cache_index is not None:  # value and key are projected
             for name in ("value", "key"):
@@ -579,6 +591,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         self, q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
     ):
         """`(heads, weights or None)`: the kernel `attention_paths` picks for this call."""
+        if cache is None and q.shape[1] == 0:
+            # An empty query attends to nothing: an empty output, as Keras's own layers
+            # give (TensorFlow's einsum fails on the grouped product of an empty query).
+            batch, keys = ops.shape(q)[0], ops.shape(k)[1]
+            heads = ops.zeros((batch, 0, self.num_heads, self.output_kernel.shape[1]), q.dtype)
+            return heads, ops.zeros((batch, self.num_heads, 0, keys), q.dtype)
         if cache is not None:
             cache = attention_paths.CacheUse(cache, written, cache_index, start)
         return attention_paths.attend(q, k, v, options, inputs, attention_mask, cache)

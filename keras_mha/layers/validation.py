@@ -167,8 +167,7 @@ def check_rank(name, shape):
 
 
 def check_input_shapes(query_shape, value_shape=None, key_shape=None):
-    """Ranks, a non-empty query, and batch / length agreement of `query`, `value` and `key`,
-    where static.
+    """Ranks, and batch / length agreement of `query`, `value` and `key`, where static.
 
     `value` defaults to `query` and `key` to `value`, as in the layer's call.
     Unknown (None) dimensions are not compared.
@@ -193,7 +192,6 @@ def check_input_shapes(query_shape, value_shape=None, key_shape=None):
             f"the last); received key shape {_dims(key_shape)} and value shape "
             f"{_dims(value_shape)}."
         )
-    check_query_length(query_shape)
     query_batch, value_batch = _known(query_shape[0]), _known(value_shape[0])
     if query_batch is not None and value_batch is not None and query_batch != value_batch:
         raise ValueError(
@@ -203,19 +201,18 @@ def check_input_shapes(query_shape, value_shape=None, key_shape=None):
 
 
 def check_query_length(query_shape):
-    """A query with no positions is refused, where its length is static.
+    """A query with no positions is refused where its length is static: for decoding
+    with a cache (a call without one returns an empty output, as Keras's layers do).
 
     Example:
         >>> check_query_length((2, 0, 8))
         Traceback (most recent call last):
-        ValueError: `query` has no positions (shape (2, 0, 8)); expected a length of at least 1: ...
+        ValueError: `query` has no positions (shape (2, 0, 8)); expected a length of at least 1 ...
     """
     if isinstance(_known(query_shape[1]), int) and _known(query_shape[1]) == 0:
-        # Every backend alike: TensorFlow's CPU matmul fails on an empty query, JAX and
-        # torch would return an empty output.
         raise ValueError(
             f"`query` has no positions (shape {_dims(query_shape)}); expected a length of at "
-            "least 1: there is nothing to attend from."
+            "least 1 to decode with a cache: there is nothing to write or attend from."
         )
 
 
@@ -237,7 +234,6 @@ def check_call_inputs(query, value, key):
     """
     if value is query and key is query:  # self-attention: nothing to agree with
         check_rank("query", query.shape)
-        check_query_length(query.shape)
         return
     check_input_shapes(query.shape, value.shape, key.shape)
     pairs = []

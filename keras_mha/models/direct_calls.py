@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Callable, Mapping
 
@@ -42,13 +41,16 @@ class EagerCalls:
     multiply_into: Callable | None = None
 
 
-_DIRECT: contextvars.ContextVar = contextvars.ContextVar("keras_mha_direct_calls", default=None)
+# The active `EagerCalls`, or None: a one-item list, not a ContextVar, whose `get()`
+# torch.compile cannot trace (a graph break at every sub-layer made a compiled whole-model
+# step 10x slower than the eager one). Decode steps run on one thread at a time.
+_DIRECT: list = [None]
 
 
 def run(layer, *args, **kwargs):
     """`layer(*args, **kwargs)`, or inside `direct_calls` `layer.call(...)` (or the
     function registered for the layer's class)."""
-    calls = _DIRECT.get()
+    calls = _DIRECT[0]
     if calls is None:
         return layer(*args, **kwargs)
     function = calls.layers.get(type(layer))
@@ -61,7 +63,7 @@ def activate(name, function, inputs):
     """`function(inputs)`, the activation `name`, or the one registered for `name` inside
     `direct_calls`. `inputs` must be fresh: a tensor just computed and used nowhere else
     (the registered function may write the result into it)."""
-    calls = _DIRECT.get()
+    calls = _DIRECT[0]
     fast = None if calls is None else calls.activations.get(name)
     return (fast or function)(inputs)
 
@@ -76,7 +78,7 @@ def add_into(fresh, other):
         >>> add_into(keras.ops.ones(2), keras.ops.ones(2)).tolist()  # doctest: +SKIP
         [2.0, 2.0]
     """
-    calls = _DIRECT.get()
+    calls = _DIRECT[0]
     if calls is not None and calls.add_into is not None:
         return calls.add_into(fresh, other)
     return other + fresh
@@ -85,7 +87,7 @@ def add_into(fresh, other):
 def multiply_into(fresh, other):
     """`fresh * other`, where `fresh` was just computed and is used nowhere else: inside
     `direct_calls` with eager calls, the product may be written into `fresh`."""
-    calls = _DIRECT.get()
+    calls = _DIRECT[0]
     if calls is not None and calls.multiply_into is not None:
         return calls.multiply_into(fresh, other)
     return fresh * other
@@ -114,11 +116,12 @@ def supports_direct_calls(model) -> bool:
 def direct_calls(enabled=True, eager_calls=None):
     """Within (when `enabled`): `run(layer, ...)` calls `layer.call` directly, or the
     function `eager_calls` (an `EagerCalls`) registers for the layer's class."""
-    token = _DIRECT.set((eager_calls or EagerCalls()) if enabled else None)
+    previous = _DIRECT[0]
+    _DIRECT[0] = (eager_calls or EagerCalls()) if enabled else None
     try:
         yield
     finally:
-        _DIRECT.reset(token)
+        _DIRECT[0] = previous
 
 
 __all__ = [

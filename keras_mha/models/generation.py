@@ -46,10 +46,21 @@ import numpy as np
 
 from keras_mha import backends
 from keras_mha.errors import UsageError
+from keras_mha.layers import kv_cache
+from keras_mha.models import decode_loop
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 from keras_mha.planning.config_values import shown
 
 CACHE_BUCKET = 64
+
+#: `generate(decode_path=...)`: how the tokens after the prefill are decoded.
+DECODE_PATHS = {
+    "auto": "the fastest measured for the backend and device (see `default_decode_path`)",
+    "loop": "the whole loop as one compiled program (JAX, TensorFlow)",
+    "cuda_graph": "PyTorch on CUDA: the step replayed from CUDA graphs, tokens on the device",
+    "device_loop": "PyTorch: eager steps, tokens chosen on the device, read back once",
+    "per_token": "one compiled (or eager PyTorch) step per token, tokens chosen on the host",
+}
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -63,15 +74,24 @@ class _CompiledDecoder:
         self.compile_torch = compile_torch
         # TensorFlow cannot donate a function's tensor arguments: its caches are variables.
         self.variable_caches = self.backend.variable_caches
+        self.paths = self.backend.decode_paths(model)  # the default first
+        # CUDA graphs read the caches at fixed addresses: one set per shape, kept.
+        self.keeps_caches = self.variable_caches or "cuda_graph" in self.paths
         self.stats = {
             "backend": backends.name(),
             "compiled": self.backend.compiles_decode or compile_torch,
             "variable_caches": self.variable_caches,
+            "path": None,
             "prefill_traces": 0,
             "step_traces": 0,
+            "loop_traces": 0,
             "prefill_calls": 0,
             "step_calls": 0,
+            "loop_calls": 0,
         }
+        self._loops = {}  # LoopShape -> the compiled loop (JAX, TensorFlow)
+        self._cuda_step = None
+        self.cuda_graph_error = None  # why the CUDA-graph path failed here, if it did
         # TensorFlow: the cache variables of finished calls, by (batch, cache length):
         # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
         self._spare_caches = {}
@@ -87,11 +107,14 @@ class _CompiledDecoder:
             caches = self._new_caches(batch, max_length)
         else:
             for buffer in keras.tree.flatten(caches):
-                buffer.assign(keras.ops.zeros(buffer.shape, buffer.dtype))
+                if self.variable_caches:
+                    buffer.assign(keras.ops.zeros(buffer.shape, buffer.dtype))
+                else:
+                    buffer.zero_()  # PyTorch on CUDA
         try:
             yield caches
         finally:
-            if self.variable_caches:
+            if self.keeps_caches:
                 self._spare_caches[batch, max_length] = caches
 
     def _new_caches(self, batch, max_length):
@@ -124,6 +147,8 @@ class _CompiledDecoder:
             with direct_calls(direct, self.backend.eager_calls()):
                 return self._forward(token_ids, key_mask, caches, index)
 
+        self._eager_forward = self._forward if self.backend.compiles_decode else eager_forward
+
         def make(kind, static_index):
             def on_trace():
                 self.stats[f"{kind}_traces"] += 1
@@ -146,6 +171,56 @@ class _CompiledDecoder:
     def step(self, token_ids, key_mask, caches, index):
         self.stats["step_calls"] += 1
         return self._step(token_ids, key_mask, caches, index)
+
+    def default_path(self):
+        """The path `decode_path="auto"` takes: the backend's first (`decode_paths`): the
+        whole loop compiled on JAX and TensorFlow, CUDA graphs on a CUDA GPU, else
+        (PyTorch on the CPU) eager steps with tokens chosen on the host, measured the
+        fastest there (docs/benchmarks.md)."""
+        if self.paths[0] == "cuda_graph" and (self.compile_torch or self.cuda_graph_error):
+            return "per_token"
+        return self.paths[0]
+
+    def _loop_forward(self, token_ids, key_mask, caches, index):
+        # The caller checked that prompt and new tokens fit the cache: no overrun guard.
+        with kv_cache.index_checked_by_caller():
+            return self._forward(token_ids, key_mask, caches, index)
+
+    def loop(self, shape, logits, caches, key_mask, length, count, draws, eos_ids, values):
+        """`(tokens (B, n), n, caches)` from the whole loop compiled for `shape`."""
+        run = self._loops.get(shape)
+        if run is None:
+            loop = decode_loop.decode_loop(
+                self._loop_forward, shape, carry_caches=not self.variable_caches
+            )
+            run = self._loops[shape] = self.backend.compile_generation_loop(
+                self.model, loop, on_trace=functools.partial(self._count, "loop_traces")
+            )
+        self.stats["loop_calls"] += 1
+        tokens, steps, caches = run(logits, caches, key_mask, length, count, draws, eos_ids, values)
+        steps = int(keras.ops.convert_to_numpy(steps))
+        return np.asarray(keras.ops.convert_to_numpy(tokens))[:, :steps], caches
+
+    def device_loop(self, shape, logits, caches, key_mask, length, count, draws, eos_ids, values):
+        """PyTorch: `(tokens (B, n), caches)` with the tokens chosen on the device, the
+        steps replayed from CUDA graphs on `cuda_graph` (`self.stats["path"]`)."""
+        home = self.backend.generation
+        if self.stats["path"] == "cuda_graph":
+            if self._cuda_step is None:
+                self._cuda_step = home.cuda_graph_step(self._forward)
+                self.stats["loop_traces"] += 1
+            step = self._cuda_step
+        else:
+            step = home.eager_step(self._eager_forward)
+        self.stats["loop_calls"] += 1
+        choose = decode_loop.chooser(shape, draws, eos_ids, values)
+        tokens, _ = home.device_loop(
+            step, choose, logits, caches, key_mask, length, count, shape.batch, shape.stops
+        )
+        return np.asarray(keras.ops.convert_to_numpy(tokens)), caches
+
+    def _count(self, key):
+        self.stats[key] += 1
 
 
 def _decoder_for(model, compile_torch):
@@ -339,6 +414,7 @@ def generate(
     eos_token_id=None,
     padding_mask=None,
     compile_torch=False,
+    decode_path="auto",
 ):
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -354,6 +430,9 @@ def generate(
             and generation stops early when every row has ended.
         padding_mask: `(B, T)`, False at left padding.
         compile_torch: on PyTorch, `torch.compile` the prefill and step.
+        decode_path: how the tokens after the prefill are decoded, one of
+            `DECODE_PATHS`: "auto" (the default) takes the fastest measured for the
+            backend and device; `generation_stats(model)["path"]` says which ran.
 
     Returns:
         NumPy int32 `(B, T + n)`: the prompts followed by the `n <= max_new_tokens` new
@@ -382,27 +461,114 @@ def generate(
     key_mask[:, :length] = mask
 
     decoder = _decoder_for(model, compile_torch)
+    path = _decode_path(decoder, decode_path)
+    decoder.stats["path"] = path
+    sampling = decode_loop.Sampling(float(temperature), top_k, top_p)
+    failed = False
     with decoder.borrowed_caches(batch, max_length) as caches:
         # Unpadded prompts need no key mask: causal attention alone, which the fused
         # kernels compute without building a mask (and skip the masked triangle).
         key_mask_tensor = None if mask.all() else keras.ops.convert_to_tensor(key_mask)
         logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
-        finished = np.zeros(batch, dtype=bool)
-        new_tokens = []
-        for step in range(max_new_tokens):
-            chosen = _choose(
-                np.asarray(keras.ops.convert_to_numpy(logits)), temperature, top_k, top_p, rng
-            ).astype(np.int32)
-            if eos.size:
-                chosen = np.where(finished, eos[0], chosen)
-                finished |= np.isin(chosen, eos)
-            new_tokens.append(chosen)
-            if step == max_new_tokens - 1 or (eos.size and finished.all()):
-                break
-            logits, caches = decoder.step(
-                keras.ops.convert_to_tensor(chosen[:, None]), key_mask_tensor, caches, length + step
+        if path == "per_token":
+            new_tokens = _per_token(
+                decoder, logits, caches, key_mask_tensor, length, max_new_tokens, sampling, eos, rng
             )
-    return np.concatenate([ids, np.stack(new_tokens, axis=1)], axis=1)
+        else:
+            shape = decode_loop.LoopShape(
+                batch,
+                max_length,
+                sampling.key(model.vocab_size),
+                stops=bool(eos.size),
+                masked=key_mask_tensor is not None,
+            )
+            draws = None
+            if shape.sampling_key[0]:
+                draws = decode_loop.uniform_draws(rng, max_new_tokens, batch)
+            arguments = (
+                shape,
+                logits,
+                caches,
+                key_mask_tensor,
+                length,
+                int(max_new_tokens),
+                None if draws is None else keras.ops.convert_to_tensor(draws),
+                keras.ops.convert_to_tensor(eos.astype(np.int32)) if eos.size else None,
+                tuple(keras.ops.convert_to_tensor(v) for v in sampling.values())
+                if shape.sampling_key[0]
+                else None,
+            )
+            run = decoder.loop if path == "loop" else decoder.device_loop
+            try:
+                new_tokens, caches = run(*arguments)
+            except Exception as error:
+                if not (path == "cuda_graph" and decode_path == "auto"):
+                    raise
+                # Chosen by default and never run on this GPU before: say why, and
+                # decode this and every later call one step per token.
+                decoder.cuda_graph_error = f"{type(error).__name__}: {error}"[:500]
+                decoder.stats["cuda_graph_error"] = decoder.cuda_graph_error
+                failed = True
+            new_tokens = None if failed else _cut_after_stop(new_tokens, eos)
+    if failed:
+        return generate(model, token_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, eos_token_id=eos_token_id,
+                        padding_mask=padding_mask, decode_path="per_token")  # fmt: skip
+    return np.concatenate([ids, new_tokens.astype(np.int32)], axis=1)
 
 
-__all__ = ["CACHE_BUCKET", "generate", "generation_stats"]
+def _per_token(decoder, logits, caches, key_mask, length, max_new_tokens, sampling, eos, rng):
+    """`(B, n)` tokens, one compiled (or eager) step each, chosen on the host."""
+    batch = logits.shape[0]
+    finished = np.zeros(batch, dtype=bool)
+    new_tokens = []
+    for step in range(max_new_tokens):
+        chosen = _choose(
+            np.asarray(keras.ops.convert_to_numpy(logits)),
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            rng,
+        ).astype(np.int32)
+        if eos.size:
+            chosen = np.where(finished, eos[0], chosen)
+            finished |= np.isin(chosen, eos)
+        new_tokens.append(chosen)
+        if step == max_new_tokens - 1 or (eos.size and finished.all()):
+            break
+        logits, caches = decoder.step(
+            keras.ops.convert_to_tensor(chosen[:, None]), key_mask, caches, length + step
+        )
+    return np.stack(new_tokens, axis=1)
+
+
+def _cut_after_stop(tokens, eos):
+    """`tokens` `(B, n)` up to the token at which every row had chosen an EOS id (a loop
+    that reads "all ended?" only now and then runs past it), as the per-token path stops."""
+    if not eos.size or tokens.shape[1] == 0:
+        return tokens
+    ended = np.isin(tokens, eos)
+    if not ended.any(axis=1).all():
+        return tokens
+    return tokens[:, : int(ended.argmax(axis=1).max()) + 1]
+
+
+def _decode_path(decoder, decode_path):
+    if decode_path not in DECODE_PATHS:
+        raise UsageError(
+            f"decode_path={shown(decode_path)}; expected one of {', '.join(DECODE_PATHS)}",
+            key="decode_path",
+        )
+    if decode_path == "auto":
+        return decoder.default_path()
+    if decode_path not in (*decoder.paths, "per_token"):
+        device = "" if "cuda_graph" in decoder.paths else " on this device"
+        raise UsageError(
+            f"decode_path={decode_path!r} is not available on {backends.name()}{device}: "
+            f"{DECODE_PATHS[decode_path]}",
+            key="decode_path",
+        )
+    return decode_path
+
+
+__all__ = ["CACHE_BUCKET", "DECODE_PATHS", "generate", "generation_stats"]

@@ -8,6 +8,7 @@ PyTorch `DataLoader`, a `keras.utils.PyDataset`, a list or generator of batches)
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import keras
 import numpy as np
@@ -91,6 +92,7 @@ class Batches:
 
     Raises:
         ValueError: when the data yields no batch.
+        TypeError: data that is neither arrays nor an iterable of batches.
 
     Example:
         >>> batches = Batches((np.zeros((10, 4, 8)), np.zeros(10)), batch_size=4)
@@ -115,6 +117,11 @@ class Batches:
             self._iterable = _PyDatasetView(data)
             description = f"a PyDataset of {len(self._iterable)} batches"
             empty = len(self._iterable) == 0
+        elif not isinstance(data, Iterable):
+            raise TypeError(
+                f"`{argument}` is {str(data)[:40]!r} ({type(data).__name__}); expected arrays, "
+                "(x, y) arrays, or an iterable of batches"
+            )
         elif iter(data) is data:  # A one-shot iterator or generator: keep what it yields.
             self._iterable = list(itertools.islice(data, max_batches))
             description = f"an iterator that yielded {len(self._iterable)} batches"

@@ -57,7 +57,8 @@ def test_json_report_plot_and_page(run, capsys):
     assert head["role"] == "previous-token" and head["statistics"]["previous"] > 0.9
     assert head["importance"] > 0 and set(head["statistics"]) >= {"entropy", "rare", "first"}
     assert sum(report["role_counts"].values()) == 72
-    assert set(report["survival"]) == {"25%", "50%", "removed"}
+    assert set(report["survival"]) == {"25%", "50%", "removed", "limited"}
+    assert report["survival"]["limited"] == {}  # 72 heads: both fractions can go
     kept = report["survival"]["50%"]
     assert sum(entry["heads"] - entry["kept"] for entry in kept.values()) == 36
     syntax = report["syntax"]

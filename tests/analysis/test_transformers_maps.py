@@ -53,9 +53,10 @@ def test_minilm_statistics_equal_transformers_maps():
     model = from_pretrained(directory)
     result = head_roles(model, text, tokenizer=tokenizer, batch_size=4)
 
-    batches = text_batches(
+    batches, limit = text_batches(
         tokenizer, text, causal=False, batch_size=4, max_tokens=16384, seq_len=128
     )
+    assert limit is None
     ids = [b[0] for b in batches]
     masks = [b[1] for b in batches]
     special = special_token_ids(tokenizer)

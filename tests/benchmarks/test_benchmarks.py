@@ -68,7 +68,7 @@ def test_every_planned_row_is_measured(tiny_results):
         for e in group
     ]
     measured = [(r["case"], r["implementation"], r["mode"]) for r in tiny_results["rows"]]
-    assert measured == planned and len(planned) == 3 * 4 + 6
+    assert measured == planned and len(planned) == 3 * 4 + 8  # decode: 6 steps + the calls
     for row in tiny_results["rows"]:
         assert len(row["times_ms"]) == (4 if row["mode"] == "step" else 2)
         assert all(_positive(t) for t in row["times_ms"])
@@ -195,8 +195,10 @@ def test_plan_groups_each_comparison():
         ],
         [
             ("keras-mha", "step"),
+            ("keras-mha call", "step"),
             ("reference", "step"),
             ("keras-mha MHA", "step"),
+            ("keras-mha MHA call", "step"),
             ("reference MHA", "step"),
             ("keras-mha", "recompute"),
         ],

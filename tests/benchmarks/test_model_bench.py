@@ -113,14 +113,21 @@ def _report(backend):
 @pytest.mark.backend_independent
 def test_the_backends_table_has_one_row_per_backend():
     reports = [_report("jax"), _report("torch")]
+    reports[0][bench.OURS]["generation"]["path"] = "loop"
+    reports[0]["roofline"] = {"bound_tokens_per_second": 4.0, "decode_context": 10,
+                              "limited_by": "memory bandwidth", "source": "measured",
+                              bench.OURS: 0.5, bench.THEIRS: 0.5}  # fmt: skip
     lines = bench.render(reports, ARGUMENTS, markdown=True).splitlines()
     assert "batch 1, prompt 8, 5 new tokens" in lines[0] and "2 CPUs" in lines[0]
     assert "medians of 4 rounds" in lines[1]
+    assert lines[2] == "decode bound 4.0 tok/s at 10 tokens of context (memory bandwidth; measured)"
     rows = [line for line in lines if line.startswith("| ")]
-    assert rows[0].startswith("| backend | prefill tok/s keras-mha | transformers | ratio |")
+    assert rows[0].startswith(
+        "| backend (decode path) | prefill tok/s keras-mha | transformers | ratio |"
+    )
     # Rates: medians with the slow round pulling the first quartile down; ratios: unmoved.
-    assert rows[1] == "| jax (compiled) | 8 (6-8) | 4 (3-4) | 2.00x (2.00-2.00) | " + (
-        "2.0 (1.6-2.0) | 2.0 (1.6-2.0) | 1.00x (1.00-1.00) |"
+    assert rows[1] == "| jax (loop) | 8 (6-8) | 4 (3-4) | 2.00x (2.00-2.00) | " + (
+        "2.0 (1.6-2.0) | 2.0 (1.6-2.0) | 1.00x (1.00-1.00) | - | - | 0.50 | 0.50 | - |"
     )
     assert rows[2].startswith("| torch (eager) | 8 (6-8) |")
 

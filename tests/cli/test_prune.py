@@ -285,6 +285,23 @@ def test_table_output_and_non_uniform_keras_model(sources, tmp_path, capsys):
 
 
 @torch_leg_only
+def test_a_one_line_text_of_tiny_sentences_is_scored_within_the_caps(sources, tmp_path, capsys):
+    """5 MB on one line, thousands of sentences: the data line says how many were used
+    and why (the caps themselves: tests/cli/test_hostile_data.py)."""
+    text = tmp_path / "one-line.txt"
+    text.write_text(". ".join(["Heads read text", "Pruning removes heads"] * 130_000))
+    assert text.stat().st_size > 5_000_000
+    capsys.readouterr()
+    arguments = ["prune", str(sources["encoder"]), "--target", "2", "--method", "taylor",
+                 "--data", str(text), "--max-tokens", "256", "--out", str(tmp_path / "o"),
+                 "--latency-runs", "1"]  # fmt: skip
+    assert main(arguments) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("data:"))
+    assert " tokens in 16 sentences, 2 batches; scoring took " in line
+    assert line.endswith(" s (at most 16 sentences: one per 16 tokens of --max-tokens 256)")
+
+
+@torch_leg_only
 def test_default_flags_fit_a_small_encoder_and_overwrite_keeps_other_files(
     sources, tmp_path, capsys
 ):

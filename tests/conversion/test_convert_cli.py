@@ -170,6 +170,29 @@ def test_encoder_converts_in_keras_and_says_why_it_is_not_a_hub_checkpoint(
             "--seq-len 4096: this model has max_position_embeddings=128",
         ),
         ("encoder", ["--kv-heads", "2", "--data", "TEXT", "--steps", "2"], 2, "is an encoder"),
+        (
+            "decoder",
+            ["--kv-heads", "2", "--data", "TEXT", "--steps", "2", "--lr", "1e30"],
+            19,
+            "uptraining diverged: ",
+        ),
+        (
+            "decoder",
+            [
+                "--kv-heads",
+                "2",
+                "--data",
+                "TEXT",
+                "--steps",
+                "2",
+                "--lr",
+                "1e30",
+                "--format",
+                "json",
+            ],
+            19,
+            "try a smaller --lr (e.g. 1e+28); nothing was written",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(

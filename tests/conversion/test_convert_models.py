@@ -1,6 +1,8 @@
 """`convert_attention` on whole models: user models and Hub checkpoints of every family,
 the export that transformers loads, and uptraining on a real text."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -200,6 +202,26 @@ def test_distillation_loss_is_the_kl_divergence_to_the_frozen_original(shipped_w
     assert losses[1] < losses[0]
     # The teacher stayed frozen.
     np.testing.assert_array_equal(log_softmax(teacher), teacher_log)
+
+
+def test_diverging_uptraining_stops_and_raises_non_finite_error(shipped_windows):
+    """A learning rate of 1e30: a step's loss, or the weights after the last step, turn
+    NaN or infinite; uptraining stops there and says so in one line."""
+    from keras_mha.conversion import uptrain
+    from keras_mha.errors import NonFiniteError
+
+    train, _ = shipped_windows
+    model = _tiny_decoder()
+    with pytest.raises(NonFiniteError) as error:
+        uptrain(model, train, steps=6, learning_rate=1e30, batch_size=4)
+    message = str(error.value)
+    assert re.fullmatch(
+        r"uptraining diverged: (at step [1-6] of 6 its loss is|after step 6 of 6 its weights "
+        r"\(first '.*'\) are) NaN or infinite with learning_rate=1e\+30; try a smaller "
+        r"learning_rate \(e\.g\. 1e\+28\)",
+        message,
+    ), message
+    assert error.value.exit_code == 19 and error.value.key == "learning_rate"
 
 
 @pytest.mark.backend_independent

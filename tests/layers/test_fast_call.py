@@ -76,6 +76,19 @@ def decode(call, x, cache, **kwargs):
 
 
 def layer_call(layer):
+    """Keras's own `Layer.__call__` (not the layer's decode shortcut in `__call__`)."""
+
+    def call(query, cache, cache_index, attention_mask=None):
+        return keras.layers.Layer.__call__(
+            layer, query, cache=cache, cache_index=cache_index, attention_mask=attention_mask
+        )
+
+    return call
+
+
+def plain_call(layer):
+    """What a user writes: `layer(query, cache=..., cache_index=...)`."""
+
     def call(query, cache, cache_index, attention_mask=None):
         return layer(query, cache=cache, cache_index=cache_index, attention_mask=attention_mask)
 
@@ -102,6 +115,30 @@ def test_direct_call_equals_keras_call_bit_for_bit(monkeypatch, factory, options
     for buffer, expected_buffer in zip(got_cache, expected_cache, strict=True):
         np.testing.assert_array_equal(buffer, expected_buffer)
     assert counter.count == 0  # every call, prefill included, skipped Keras's __call__
+
+
+@TORCH_ONLY
+def test_the_plain_decode_call_skips_keras_call_only_where_it_adds_nothing(monkeypatch):
+    """`layer(x, cache=..., cache_index=...)` under no_grad runs as the decode function does
+    (after one direct step, the warm step), bit for bit as Keras's call; with autograd on,
+    or an argument Keras acts on, it is Keras's call."""
+    x = ops.convert_to_tensor(random_inputs(1, 6, FEATURES, seed=12))
+    layer = built_layer(use_rope=True)
+    expected, expected_cache = decode(layer_call(layer), x, new_cache(layer, 1))
+    counter = KerasCallCounter(monkeypatch, layer)
+    got, got_cache = decode(plain_call(layer), x, new_cache(layer, 1))
+    np.testing.assert_array_equal(got, expected)
+    for buffer, expected_buffer in zip(got_cache, expected_cache, strict=True):
+        np.testing.assert_array_equal(buffer, expected_buffer)
+    assert counter.count == 0
+    assert _eager_decode()._WARM.get(layer) is not None  # the steps ran warm
+    cache = new_cache(layer, 1)
+    layer(x[:, :PREFILL], cache=cache, cache_index=0)  # autograd on
+    assert counter.count == 1
+    with no_grad():
+        layer(x[:, :PREFILL], cache=cache, cache_index=0, training=False)
+        layer(x[:, :PREFILL])  # no cache
+    assert counter.count == 3
 
 
 @TORCH_ONLY

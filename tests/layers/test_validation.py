@@ -420,17 +420,47 @@ def test_finite_number_messages_say_what_was_expected():
     assert finite_number("x", np.float16(0.5), above=0) == 0.5
 
 
-@pytest.mark.parametrize("value_length", [None, 6], ids=["self", "cross"])
-def test_a_query_of_length_zero_is_refused_alike_on_every_backend(value_length):
-    """TensorFlow's CPU matmul failed with a raw InvalidArgumentError, JAX and torch
-    returned an empty output: every backend now says what is wrong, eagerly and
-    symbolically."""
+@settings(max_examples=6, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    value_length=st.sampled_from([None, 1, 6]),
+    grouped=st.booleans(),
+    scores=st.booleans(),
+    causal=st.booleans(),
+    flash_attention=st.sampled_from([None, False]),
+)
+def test_a_query_of_length_zero_gives_what_keras_gives(
+    batch, value_length, grouped, scores, causal, flash_attention
+):
+    """An empty query attends to nothing: `(B, 0, F)` (and `(B, H, 0, S)` scores), as
+    keras.layers.MultiHeadAttention and GroupQueryAttention return, eagerly and
+    symbolically, on every backend (TensorFlow's grouped einsum used to fail on it)."""
+    kv_heads = 2 if grouped else 4
+    ours = GroupedQueryAttention(4, kv_heads, head_dim=3, flash_attention=flash_attention)
+    if grouped:
+        reference = keras.layers.GroupQueryAttention(3, 4, kv_heads)
+    else:
+        reference = keras.layers.MultiHeadAttention(4, 3)
+    values = _ones((batch, value_length or 5, FEATURES))
+    for layer in (ours, reference):
+        layer(values, values)  # build
+    query = _ones((batch, 0, FEATURES))
+    value = query if value_length is None else values[:, :value_length]
+    arguments = {"return_attention_scores": scores, "use_causal_mask": causal}
+    expected = reference(query, value, **arguments)
+    received = ours(query, None if value_length is None else value, **arguments)
+    expected, received = keras.tree.flatten(expected), keras.tree.flatten(received)
+    assert [tuple(x.shape) for x in received] == [tuple(x.shape) for x in expected]
+    assert tuple(received[0].shape) == (batch, 0, FEATURES)
+    symbolic = keras.KerasTensor((batch, 0, FEATURES))
+    assert tuple(ours(symbolic).shape) == tuple(reference(symbolic, symbolic).shape)
+
+
+def test_a_query_of_length_zero_is_refused_with_a_cache():
     layer = _built_layer()
-    value = None if value_length is None else _ones((2, value_length, FEATURES))
+    cache = layer.init_cache(2, 8)
     with pytest.raises(ValueError, match=r"`query` has no positions \(shape \(2, 0, 8\)\)"):
-        layer(_ones((2, 0, FEATURES)), value)
-    with pytest.raises(ValueError, match="`query` has no positions"):
-        layer(keras.KerasTensor((2, 0, FEATURES)))
+        layer(_ones((2, 0, FEATURES)), cache=cache, cache_index=0)
 
 
 def test_mha_and_mqa_refuse_a_num_key_value_heads_that_contradicts_them():

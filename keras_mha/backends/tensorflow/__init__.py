@@ -17,10 +17,18 @@ from __future__ import annotations
 
 import contextlib
 
-from keras_mha.backends.tensorflow import attention, gradients, steps, tensors
+from keras_mha.backends.tensorflow import attention, generation, gradients, steps, tensors
 
 compile_decode_step = steps.compile_decode_step
 decode_function = steps.decode_function
+compile_generation_loop = generation.compile_loop
+generation = None  # the whole loop is compiled: no on-device loop of steps
+
+
+def decode_paths(model):
+    """`generate`'s decode paths, the default first: the whole loop as one program."""
+    return ("loop", "per_token")
+
 
 fused_attention = attention.fused_attention
 reads_cache_prefix_cheaply = attention.reads_cache_prefix_cheaply
@@ -53,6 +61,10 @@ no_gradient_tracking = contextlib.nullcontext
 
 def eager_step(layer, inputs, query, cache, start, attention_mask, options):
     return None  # every step is compiled
+
+
+def layer_call(layer, query, arguments):
+    return None  # Keras's `Layer.__call__` (inside a compiled step it costs nothing per step)
 
 
 def gates_are_ones(layer):

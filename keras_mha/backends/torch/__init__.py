@@ -18,11 +18,26 @@ Example:
 from __future__ import annotations
 
 from keras_mha.backends.torch import attention, eager_decode, gradients, steps, tensors
+from keras_mha.backends.torch import generation as device_generation
 from keras_mha.layers import attention_kernels
 
 compile_decode_step = steps.compile_decode_step
+compile_generation_loop = None  # eager steps; on CUDA a CUDA-graph step (`generation`)
+generation = device_generation  # generate's on-device loop and CUDA-graph step
+
+
+def decode_paths(model):
+    """`generate`'s decode paths, the default first: CUDA graphs on a CUDA GPU, else
+    one eager step per token (measured faster on the CPU than choosing the tokens on
+    the device, docs/benchmarks.md)."""
+    if device_generation.on_cuda(model):
+        return ("cuda_graph", "device_loop", "per_token")
+    return ("per_token", "device_loop")
+
+
 decode_function = steps.layer_decode_function
 gates_are_ones = eager_decode.gates_are_ones
+layer_call = eager_decode.layer_call
 
 fused_attention = attention.fused_attention
 reads_cache_prefix_cheaply = attention.reads_cache_prefix_cheaply

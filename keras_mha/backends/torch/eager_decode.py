@@ -70,6 +70,44 @@ def applies(layer, inputs, cache, start, options):
     return not any(getattr(t, "requires_grad", False) for t in tensors)
 
 
+# The keyword arguments of a decode call that `layer_call` takes; any other goes to Keras.
+_DECODE_ARGUMENTS = frozenset(("cache", "cache_index", "attention_mask"))
+
+
+def layer_call(layer, query, arguments):
+    """`layer(query, **arguments)` for a decode call (`cache` given) where Keras's
+    `Layer.__call__` would add nothing, else None (the caller then calls Keras).
+
+    The plain call a Keras user writes, `layer(x, cache=cache, cache_index=i)`, then runs
+    as the layer's decode function does: after one direct step, `warm_step` serves the
+    next ones of the same cache and query shape; with autograd on, or anything Keras's
+    call would act on, it returns None. Under `torch.compile` the trace takes `layer.call`
+    itself, without Keras's bookkeeping (`keras_call_adds_nothing`).
+
+    Example:
+        >>> with torch.no_grad():  # doctest: +SKIP
+        ...     output, cache = layer_call(layer, token, {"cache": cache, "cache_index": 9})
+    """
+    if not arguments.keys() <= _DECODE_ARGUMENTS:
+        return None
+    cache = arguments.get("cache")
+    index = arguments.get("cache_index")
+    mask = arguments.get("attention_mask")
+    if cache is None:
+        return None
+    if mask is None:
+        warm = warm_step(layer, query, cache, index)
+        if warm is not None:
+            return warm
+    if torch.compiler.is_compiling():
+        if not keras_call_adds_nothing(layer, query, cache, index, mask):
+            return None
+        return layer.call(query, cache=cache, cache_index=index, attention_mask=mask)
+    if can_skip_keras_call(layer, query, cache, index, mask):
+        return call_directly(layer, query, cache, index, mask)
+    return None
+
+
 def call_directly(layer, query, cache, cache_index, attention_mask):
     """`layer(query, cache=..., cache_index=..., attention_mask=...)` without `__call__`.
 

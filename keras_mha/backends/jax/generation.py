@@ -1,0 +1,53 @@
+"""JAX: `generate`'s whole decode loop as one `jax.jit` program (`lax.while_loop`).
+
+The model's variables are passed in (`keras.StatelessScope`) and the caches donated, so
+XLA writes them in place across every step of the loop; the tokens come back as one
+array. One program per batch, cache length and kind of sampling (see
+`keras_mha.models.decode_loop.LoopShape`): the prompt length, the number of new tokens,
+the temperature and `top_p` are values, not part of it.
+
+Example:
+    >>> run = compile_loop(model, loop, on_trace=lambda: None)  # doctest: +SKIP
+    >>> tokens, steps, caches = run(logits, caches, None, 7, 32, None, None, None)
+    ... # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_mha.backends.jax.steps import _values as variable_values
+
+
+def compile_loop(model, loop, on_trace):
+    """`run(logits, caches, key_mask, length, count, draws, eos_ids, values) -> (tokens,
+    steps, caches)`: `loop` (`decode_loop.decode_loop(...)`) jitted with `model`'s
+    variables as arguments and the caches donated."""
+    import jax
+
+    def stateless(variables, logits, caches, key_mask, length, count, draws, eos_ids, values):
+        on_trace()
+        mapping = list(zip(model.variables, variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping):
+            return loop(logits, caches, key_mask, length, count, draws, eos_ids, values)
+
+    compiled = jax.jit(stateless, donate_argnums=(2,))
+
+    def run(logits, caches, key_mask, length, count, draws, eos_ids, values):
+        return compiled(
+            variable_values(model.variables),
+            logits,
+            caches,
+            key_mask,
+            np.int32(length),
+            np.int32(count),
+            draws,
+            eos_ids,
+            values,
+        )
+
+    return run
+
+
+__all__ = ["compile_loop"]
