@@ -272,10 +272,9 @@ class NormSpec:
         word_embed_proj_dim: OPT's projection between embeddings and the stack.
 
     Example:
-        >>> spec = from_config({"model_type": "gpt2", "n_embd": 768, "n_head": 12,
-        ...     "n_layer": 12, "vocab_size": 50257})
-        >>> spec.norms.norm_type, spec.norms.norms_per_layer
-        ('layer', 2)
+        >>> neox = from_config({"model_type": "gpt_neox", "num_hidden_layers": 2}).norms
+        >>> neox.norm_type, neox.norm_bias, neox.parallel_residual
+        ('layer', True, True)
     """
 
     norm_type: str = "rms"
