@@ -58,6 +58,8 @@ def applies(layer, inputs, cache, start, options):
     """
     if start is None or not options.use_fused or keras.backend.backend() != "torch":
         return False
+    if isinstance(cache, kv_cache.QuantizedKVCache):
+        return False  # quantized on writing, dequantized for attention: the general path
     torch = _torch()
     if torch.compiler.is_compiling() or inputs.query_mask is not None:
         return False

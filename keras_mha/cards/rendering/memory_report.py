@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keras_mha.cards.costs import ParameterCounts, parameter_counts
+from keras_mha.cards.kv_formats import kv_format
 from keras_mha.cards.planner import memory
 from keras_mha.cards.planner.devices import DeviceSet
 from keras_mha.cards.planner.gpus import GPU
@@ -369,6 +370,12 @@ def _fits_notes(fits: dict) -> list[str]:
         notes.append(
             "unbounded by memory: the KV cache stops growing (every attention layer has a "
             "sliding window), so memory never limits the context"
+        )
+    plan_only = [dtype for dtype in fits["by_kv_dtype"] if kv_format(dtype).runtime_dtype is None]
+    if plan_only:
+        notes.append(
+            f"{_either(plan_only)} KV: plan only, keras-mha's runtime cannot store it; int8 "
+            "and float8 KV carry a scale per token and KV head (counted)"
         )
     return notes
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
+from keras_mha.cards.costs import kv_cache_cost, parameter_counts
 from keras_mha.cards.rendering import memory_report
 from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
 from keras_mha.cards.rendering.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
@@ -224,9 +224,11 @@ def _marginal_bytes_per_token(cost, spec) -> int:
     if not cost.applicable:
         return 0
     longer = kv_cache_cost(spec, seq_len=cost.seq_len + 1, batch=1, kv_dtype=cost.dtype)
-    now = sum(layer.elements for layer in cost.layers)
-    grown = sum(layer.elements for layer in longer.layers)
-    return -(-(grown - now) * KV_DTYPE_BITS[cost.dtype] // 8)
+
+    def bits(layers):
+        return sum(layer.cached_tokens * layer.bits_per_token(cost.dtype) for layer in layers)
+
+    return -(-(bits(longer.layers) - bits(cost.layers)) // 8)
 
 
 def _beyond_context_warnings(seq_lens, context: int | None) -> list[str]:
