@@ -45,6 +45,7 @@ import keras
 import numpy as np
 
 from keras_mha.cards.config_values import shown
+from keras_mha.cards.kv_formats import RUNTIME_QUANTIZED
 from keras_mha.errors import UsageError
 from keras_mha.layers.decode_functions import compile_decode_step
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
@@ -58,10 +59,11 @@ _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 class _CompiledDecoder:
     """The prefill and step functions of one model, compiled for the current backend."""
 
-    def __init__(self, model, compile_torch=False):
+    def __init__(self, model, compile_torch=False, kv_cache_dtype=None):
         self.model = model
         self.backend = keras.backend.backend()
         self.compile_torch = compile_torch
+        self.kv_cache_dtype = kv_cache_dtype
         # TensorFlow cannot donate a function's tensor arguments: its caches are variables.
         self.variable_caches = self.backend == "tensorflow"
         self.stats = {
@@ -97,14 +99,20 @@ class _CompiledDecoder:
 
     def _new_caches(self, batch, max_length):
         if self.backend != "jax":
-            return self.model.init_caches(batch, max_length, variables=self.variable_caches)
+            return self.model.init_caches(
+                batch, max_length, variables=self.variable_caches, dtype=self.kv_cache_dtype
+            )
         # One compiled call makes every buffer: made one by one, each a dispatch, they
         # took about a tenth of a 64-token CPU prefill.
         make = self._cache_factories.get((batch, max_length))
         if make is None:
             import jax
 
-            make = jax.jit(functools.partial(self.model.init_caches, batch, max_length))
+            make = jax.jit(
+                functools.partial(
+                    self.model.init_caches, batch, max_length, dtype=self.kv_cache_dtype
+                )
+            )
             self._cache_factories[batch, max_length] = make
         return make()
 
@@ -152,11 +160,35 @@ class _CompiledDecoder:
         return self._step(token_ids, key_mask, caches, index)
 
 
-def _decoder_for(model, compile_torch):
+def _decoder_for(model, compile_torch, kv_cache_dtype=None):
     decoder = _DECODERS.get(model)
-    if decoder is None or decoder.compile_torch != compile_torch:
-        decoder = _DECODERS[model] = _CompiledDecoder(model, compile_torch)
+    if (
+        decoder is None
+        or decoder.compile_torch != compile_torch
+        or decoder.kv_cache_dtype != kv_cache_dtype
+    ):
+        decoder = _DECODERS[model] = _CompiledDecoder(model, compile_torch, kv_cache_dtype)
     return decoder
+
+
+def check_kv_cache_dtype(kv_cache_dtype, key="kv_cache_dtype"):
+    """`kv_cache_dtype` if it is None or a quantized KV dtype `init_cache` takes, else a
+    `UsageError` naming `key`, the value and what is accepted.
+
+    Example:
+        >>> check_kv_cache_dtype("int8")
+        'int8'
+    """
+    if kv_cache_dtype is None or (
+        isinstance(kv_cache_dtype, str) and kv_cache_dtype in RUNTIME_QUANTIZED
+    ):
+        return kv_cache_dtype
+    accepted = ", ".join(repr(name) for name in RUNTIME_QUANTIZED)
+    raise UsageError(
+        f"{key}={shown(kv_cache_dtype)}; expected None (the model's compute dtype) or a "
+        f"quantized KV cache: {accepted}",
+        key=key,
+    )
 
 
 def generation_stats(model) -> dict:
@@ -343,6 +375,7 @@ def generate(
     eos_token_id=None,
     padding_mask=None,
     compile_torch=False,
+    kv_cache_dtype=None,
 ):
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -358,6 +391,10 @@ def generate(
             and generation stops early when every row has ended.
         padding_mask: `(B, T)`, False at left padding.
         compile_torch: on PyTorch, `torch.compile` the prefill and step.
+        kv_cache_dtype: None (the model's compute dtype), `"int8"` or `"float8_e4m3fn"`:
+            KV caches of codes with one scale per token and KV head
+            (`GroupedQueryAttention.init_cache`), about a quarter (float32 models) or
+            half (16-bit models) of the float cache's bytes.
 
     Returns:
         NumPy int32 `(B, T + n)`: the prompts followed by the `n <= max_new_tokens` new
@@ -377,6 +414,7 @@ def generate(
     ids, mask = _check_arguments(
         model, token_ids, max_new_tokens, temperature, top_k, top_p, padding_mask
     )
+    kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
     eos = _eos_ids(eos_token_id, model.vocab_size)
     rng = _generator(seed)
     batch, length = ids.shape
@@ -385,7 +423,7 @@ def generate(
     key_mask = np.ones((batch, max_length), dtype=bool)
     key_mask[:, :length] = mask
 
-    decoder = _decoder_for(model, compile_torch)
+    decoder = _decoder_for(model, compile_torch, kv_cache_dtype)
     with decoder.borrowed_caches(batch, max_length) as caches:
         # Unpadded prompts need no key mask: causal attention alone, which the fused
         # kernels compute without building a mask (and skip the masked triangle).
