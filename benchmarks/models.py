@@ -41,6 +41,8 @@ DEFAULT_CARD = "meta-llama/Llama-3.2-1B"
 
 BACKENDS = ("tensorflow", "jax", "torch")
 OURS, THEIRS = "keras_mha", "transformers"
+QUANTIZED_KV = "quantized_kv"  # keras-mha with `--kv-cache-dtype`
+KV_CACHE_DTYPES = ("int8", "float8_e4m3fn")
 
 
 def parse_args(argv):
@@ -76,6 +78,11 @@ def parse_args(argv):
         "--backends",
         help="comma-separated Keras backends, each run in a fresh process, into one table "
         "(default: the current KERAS_BACKEND only)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="also time keras-mha with this quantized KV cache, paired against its float cache",
     )
     parser.add_argument("--no-transformers", action="store_true", help="skip the torch reference")
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
@@ -288,6 +295,8 @@ def worker_argv(arguments) -> list[str]:
     ] * arguments.no_transformers
     for flag in ("batch", "prompt_length", "new_tokens", "rounds"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(arguments, flag))]
+    if arguments.kv_cache_dtype:
+        argv += ["--kv-cache-dtype", arguments.kv_cache_dtype]
     return argv
 
 
@@ -365,6 +374,12 @@ def model_results(arguments) -> dict:
     reference.to(torch_device)
     new = arguments.new_tokens
     contenders = {OURS: (lambda: generate(model, ids, 1), lambda: generate(model, ids, new))}
+    kv_dtype = arguments.kv_cache_dtype
+    if kv_dtype:
+        contenders[QUANTIZED_KV] = (
+            lambda: generate(model, ids, 1, kv_cache_dtype=kv_dtype),
+            lambda: generate(model, ids, new, kv_cache_dtype=kv_dtype),
+        )
     if not arguments.no_transformers:
         torch_ids = torch.from_numpy(ids.astype("int64")).to(torch_device)
 
@@ -391,6 +406,8 @@ def model_results(arguments) -> dict:
         **round_rates(times[OURS], *shape),
         "generation": generation_stats(model),
     }
+    if kv_dtype:
+        results[QUANTIZED_KV] = quantized_kv_results(model, kv_dtype, times, shape, results)
     if not arguments.no_transformers:
         results[THEIRS] = {
             "backend": f"torch {torch.__version__}",
@@ -402,6 +419,26 @@ def model_results(arguments) -> dict:
     results["machine"]["device"] = backends.device_name()
     results["config"] = config
     return results
+
+
+def quantized_kv_results(model, kv_dtype, times, shape, results) -> dict:
+    """The quantized-cache contender's rates, paired against keras-mha's float cache (above
+    1: the quantized cache is faster), and both caches' bytes at this batch and length."""
+    from keras_mha.layers.kv_quantization import cache_bytes
+
+    batch, prompt_length, new = shape
+    rates = round_rates(times[QUANTIZED_KV], *shape)
+    length = prompt_length + new
+
+    def total(dtype):
+        return sum(cache_bytes(cache) for cache in model.init_caches(batch, length, dtype=dtype))
+
+    return {
+        "kv_cache_dtype": kv_dtype,
+        **rates,
+        "paired_with_float_cache": paired_ratios(rates, results[OURS]),
+        "cache_bytes": {"float": total(None), kv_dtype: total(kv_dtype), "length": length},
+    }
 
 
 def machine() -> dict:
@@ -482,6 +519,17 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
             ]
         )
     lines += table(header, body, markdown)
+    for report in reports:
+        quantized = report.get(QUANTIZED_KV)
+        if quantized:
+            paired, sizes = quantized["paired_with_float_cache"], quantized["cache_bytes"]
+            dtype = quantized["kv_cache_dtype"]
+            lines.append(
+                f"{report[OURS]['backend']}: {dtype} KV cache / float KV cache tok/s in the "
+                f"same round: prefill {_ratio_cell(paired['prefill'])}, decode "
+                f"{_ratio_cell(paired['decode'])}; cache {sizes[dtype]:,} bytes vs "
+                f"{sizes['float']:,} at {sizes['length']} tokens"
+            )
     return "\n".join(lines)
 
 

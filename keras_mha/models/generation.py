@@ -53,7 +53,9 @@ from keras_mha.models.eager_torch import eager_calls
 
 CACHE_BUCKET = 64
 
+# model -> {(compile_torch, kv_cache_dtype): its _CompiledDecoder}; model -> the latest used.
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LATEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _CompiledDecoder:
@@ -161,13 +163,14 @@ class _CompiledDecoder:
 
 
 def _decoder_for(model, compile_torch, kv_cache_dtype=None):
-    decoder = _DECODERS.get(model)
-    if (
-        decoder is None
-        or decoder.compile_torch != compile_torch
-        or decoder.kv_cache_dtype != kv_cache_dtype
-    ):
-        decoder = _DECODERS[model] = _CompiledDecoder(model, compile_torch, kv_cache_dtype)
+    """The model's decoder for these options, kept beside those of other options (a paired
+    benchmark alternates float and int8 caches); the latest is `generation_stats`'s."""
+    decoders = _DECODERS.setdefault(model, {})
+    decoder = decoders.get((compile_torch, kv_cache_dtype))
+    if decoder is None:
+        decoder = _CompiledDecoder(model, compile_torch, kv_cache_dtype)
+        decoders[compile_torch, kv_cache_dtype] = decoder
+    _LATEST[model] = decoder
     return decoder
 
 
@@ -198,7 +201,7 @@ def generation_stats(model) -> dict:
         >>> generation_stats(model)  # doctest: +SKIP
         {'backend': 'jax', 'compiled': True, 'prefill_traces': 1, 'step_traces': 1, ...}
     """
-    decoder = _DECODERS.get(model)
+    decoder = _LATEST.get(model)
     return dict(decoder.stats) if decoder is not None else {}
 
 
