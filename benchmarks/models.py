@@ -525,7 +525,7 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
             paired, sizes = quantized["paired_with_float_cache"], quantized["cache_bytes"]
             dtype = quantized["kv_cache_dtype"]
             lines.append(
-                f"{report[OURS]['backend']}: {dtype} KV cache / float KV cache tok/s in the "
+                f"KV cache {dtype} / float ({report[OURS]['backend']}), tok/s in the "
                 f"same round: prefill {_ratio_cell(paired['prefill'])}, decode "
                 f"{_ratio_cell(paired['decode'])}; cache {sizes[dtype]:,} bytes vs "
                 f"{sizes['float']:,} at {sizes['length']} tokens"

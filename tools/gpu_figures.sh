@@ -59,6 +59,16 @@ if [ "$part" != suite ]; then
   step model-jax 150 env KERAS_BACKEND=jax "$python" -m benchmarks model --full-size \
     --format markdown
 fi
+# --- Quantized KV cache (issue 32): float8 KV against the bfloat16 cache, context 8192 ---
+# A separate step: bench model pairs keras-mha with `--kv-cache-dtype float8_e4m3fn`
+# against its own bfloat16 cache in the same rounds, and states both caches' bytes.
+if [ "$part" != suite ]; then
+  for backend in torch jax; do
+    step "kv-float8-$backend" 240 env KERAS_BACKEND=$backend "$python" -m benchmarks model \
+      --full-size --kv-cache-dtype float8_e4m3fn --prompt-length 8160 --new-tokens 32 \
+      --rounds 3 --no-transformers --format markdown
+  done
+fi
 if [ "$part" != bench ]; then
   suite torch $((deadline - SECONDS)) &
   suite jax $((deadline - SECONDS)) &
@@ -67,10 +77,10 @@ fi
 
 echo "== summary"
 cat "$out/steps.txt"
-for log in "$out"/decode-*.log "$out"/model-*.log; do
+for log in "$out"/decode-*.log "$out"/model-*.log "$out"/kv-float8-*.log; do
   [ -e "$log" ] || continue
   echo "== $(basename "$log")"
-  grep -E "^\||^(keras-mha|shapes|roofline|meta-llama|GQA|MHA)|Error" "$log" | tail -30
+  grep -E "^\||^(keras-mha|shapes|roofline|meta-llama|GQA|MHA|KV cache)|Error" "$log" | tail -30
 done
 for log in "$out"/suite-*.log; do
   [ -e "$log" ] || continue
