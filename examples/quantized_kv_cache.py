@@ -102,9 +102,6 @@ def measure(model):
                 "kv_dtype": kv_dtype or "float32",
                 "perplexity": cached_perplexity(model, held_out, kv_dtype),
                 "greedy_agreement": float((tokens == float_tokens).mean()),
-                "continues_patterns": float(
-                    (tokens == held_out[:32, 2 * PERIOD : 2 * PERIOD + 24]).mean()
-                ),
                 "cache_bytes": runtime,
                 "plan_bytes": plan.total_bytes,
             }

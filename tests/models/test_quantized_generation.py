@@ -1,47 +1,51 @@
-"""`generate(..., kv_cache_dtype="int8")` against float greedy decoding, on a tiny decoder
-trained here to continue repeating patterns (its logits are confident, and the next token
-depends on what attention reads from the cache: the token one period back)."""
+"""`generate(..., kv_cache_dtype="int8" | "float8_e4m3fn")` against float greedy decoding.
 
-import keras
+The model is examples/quantized_kv_cache.py's tiny decoder, trained there to continue
+repeating 5-token patterns (its weights are `pattern_decoder.npz`, written by the
+example's `--save-weights`): its logits are confident, and each next token is what
+attention reads from the cache one period back, so a cache that returned wrong keys or
+values would change the tokens.
+"""
+
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
-from keras_mha.models import build_model, generate
-from tests.configs import tiny_llama
+from keras_mha.models import generate
 
-PERIOD, LENGTH, VOCAB = 5, 40, 24
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def patterns(count, seed):
-    """Rows of a random `PERIOD`-token pattern repeated: token t equals token t - PERIOD."""
-    rng = np.random.default_rng(seed)
-    return np.tile(rng.integers(0, VOCAB, (count, PERIOD)), LENGTH // PERIOD).astype("int32")
+def _example():
+    spec = importlib.util.spec_from_file_location(
+        "quantized_kv_cache", ROOT / "examples" / "quantized_kv_cache.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()
 
 
 @pytest.fixture(scope="module")
 def trained():
-    keras.utils.set_random_seed(0)
-    config = tiny_llama(vocab_size=VOCAB, head_dim=16, num_hidden_layers=2)
-    model = build_model(from_config(config))
-    ids = patterns(512, seed=0)
-    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones_like(ids[:, :-1])}
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
-    model.fit(x, ids[:, 1:], epochs=6, batch_size=32, verbose=0)
-    return model
+    return EXAMPLE.pattern_decoder(Path(__file__).parent / "pattern_decoder.npz")
 
 
-def test_int8_kv_cache_agrees_with_float_greedy_decoding(trained):
-    prompts = patterns(8, seed=1)[:, : 2 * PERIOD]
-    float_tokens = generate(trained, prompts, 24)[:, 2 * PERIOD :]
-    # The model learned the task: the float greedy tokens continue the patterns.
-    expected = patterns(8, seed=1)[:, 2 * PERIOD : 2 * PERIOD + 24]
-    assert (float_tokens == expected).mean() >= 0.9
-    for dtype in ("int8", "float8_e4m3fn"):
-        tokens = generate(trained, prompts, 24, kv_cache_dtype=dtype)[:, 2 * PERIOD :]
-        assert (tokens == float_tokens).mean() >= 0.9, dtype
+@pytest.mark.parametrize("dtype", ["int8", "float8_e4m3fn"])
+def test_quantized_kv_cache_agrees_with_float_greedy_decoding(trained, dtype):
+    period = EXAMPLE.PERIOD
+    rows = EXAMPLE.patterns(8, seed=1)
+    prompts = rows[:, : 2 * period]
+    float_tokens = generate(trained, prompts, 24)[:, 2 * period :]
+    # The model learned the task: its float greedy tokens continue the patterns.
+    assert (float_tokens == rows[:, 2 * period : 2 * period + 24]).mean() >= 0.9
+    tokens = generate(trained, prompts, 24, kv_cache_dtype=dtype)[:, 2 * period :]
+    assert (tokens == float_tokens).mean() >= 0.9
 
 
 def test_a_bad_kv_cache_dtype_is_named(trained):
