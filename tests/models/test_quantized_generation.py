@@ -10,7 +10,6 @@ values would change the tokens.
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from keras_mha.errors import UsageError
