@@ -25,11 +25,11 @@ import argparse
 import keras
 import numpy as np
 
-from keras_mha.cards.costs import kv_cache_cost
-from keras_mha.cards.kv_formats import kv_format
-from keras_mha.cards.spec import from_config
 from keras_mha.layers.kv_quantization import cache_bytes
 from keras_mha.models import build_model, generate
+from keras_mha.planning.costs import kv_cache_cost
+from keras_mha.planning.kv_formats import kv_format
+from keras_mha.planning.spec import from_config
 
 PERIOD, LENGTH, VOCAB = 5, 40, 24
 CONFIG = {

@@ -1,6 +1,6 @@
 """int8 and float8 KV caches: quantize a step's keys and values, read them back for attention.
 
-The scheme is `keras_mha.cards.kv_formats` (the table the planner counts bytes with): one
+The scheme is `keras_mha.planning.kv_formats` (the table the planner counts bytes with): one
 symmetric scale per token and KV head, for keys and values each, `scale = max |x| /
 max_code` (127 for int8, 448 for float8 e4m3fn), stored in the layer's compute dtype; a
 row is quantized once, when its token is written, so the cache stays a fixed-shape buffer
@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from keras_mha.cards.kv_formats import RUNTIME_QUANTIZED
 from keras_mha.layers import kv_cache
+from keras_mha.planning.kv_formats import RUNTIME_QUANTIZED
 
 _E4M3_MAX = 448.0
 _E4M3_MAX_BITS = 126  # 0x7E = 448; 0x7F is NaN

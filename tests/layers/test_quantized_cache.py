@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_mha.cards.costs import kv_cache_cost
-from keras_mha.cards.kv_formats import kv_format
-from keras_mha.cards.spec import from_config
 from keras_mha.hub.config import load_config
 from keras_mha.layers import GroupedQueryAttention, kv_cache, kv_quantization
+from keras_mha.planning.costs import kv_cache_cost
+from keras_mha.planning.kv_formats import kv_format
+from keras_mha.planning.spec import from_config
 
 BACKEND = keras.backend.backend()
 QUANTIZED = ("int8", "float8_e4m3fn")
