@@ -43,6 +43,8 @@ OURS, THEIRS = "keras_mha", "transformers"
 #: transformers' fastest documented path: its static cache with `torch.compile`
 #: (`CompileConfig`, "reduce-overhead": CUDA graphs on a GPU).
 THEIRS_COMPILED = "transformers_static_compile"
+QUANTIZED_KV = "quantized_kv"  # keras-mha with `--kv-cache-dtype`
+KV_CACHE_DTYPES = ("int8", "float8_e4m3fn")
 
 
 def parse_args(argv):
@@ -78,6 +80,11 @@ def parse_args(argv):
         "--backends",
         help="comma-separated Keras backends, each run in a fresh process, into one table "
         "(default: the current KERAS_BACKEND only)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="also time keras-mha with this quantized KV cache, paired against its float cache",
     )
     parser.add_argument("--no-transformers", action="store_true", help="skip the torch reference")
     parser.add_argument(
@@ -305,6 +312,8 @@ def worker_argv(arguments) -> list[str]:
     argv += ["--no-roofline"] * arguments.no_roofline + ["--decode-path", arguments.decode_path]
     for flag in ("batch", "prompt_length", "new_tokens", "rounds"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(arguments, flag))]
+    if arguments.kv_cache_dtype:
+        argv += ["--kv-cache-dtype", arguments.kv_cache_dtype]
     return argv
 
 
@@ -371,10 +380,16 @@ def model_results(arguments) -> dict:
     new = arguments.new_tokens
     path = arguments.decode_path
 
-    def ours(count):
-        return lambda: generate(model, ids, count, decode_path=path)
+    def ours(count, **options):
+        return lambda: generate(model, ids, count, decode_path=path, **options)
 
     contenders = {OURS: (ours(1), ours(new))}
+    kv_dtype = arguments.kv_cache_dtype
+    if kv_dtype:
+        contenders[QUANTIZED_KV] = (
+            ours(1, kv_cache_dtype=kv_dtype),
+            ours(new, kv_cache_dtype=kv_dtype),
+        )
     if not arguments.no_transformers:
         torch_ids = torch.from_numpy(ids.astype("int64")).to(torch_device)
         compiled = transformers.CompileConfig()
@@ -408,6 +423,8 @@ def model_results(arguments) -> dict:
         **round_rates(times[OURS], *shape),
         "generation": generation_stats(model),
     }
+    if kv_dtype:
+        results[QUANTIZED_KV] = quantized_kv_results(model, kv_dtype, times, shape, results)
     for name in (THEIRS, THEIRS_COMPILED):
         if name in times:
             results[name] = {
@@ -445,6 +462,26 @@ def roofline(results: dict, arguments, dtype: str) -> dict:
         if name in results:
             report[name] = results[name]["decode_tokens_per_second"] / bound
     return report
+
+
+def quantized_kv_results(model, kv_dtype, times, shape, results) -> dict:
+    """The quantized-cache contender's rates, paired against keras-mha's float cache (above
+    1: the quantized cache is faster), and both caches' bytes at this batch and length."""
+    from keras_mha.layers.kv_quantization import cache_bytes
+
+    batch, prompt_length, new = shape
+    rates = round_rates(times[QUANTIZED_KV], *shape)
+    length = prompt_length + new
+
+    def total(dtype):
+        return sum(cache_bytes(cache) for cache in model.init_caches(batch, length, dtype=dtype))
+
+    return {
+        "kv_cache_dtype": kv_dtype,
+        **rates,
+        "paired_with_float_cache": paired_ratios(rates, results[OURS]),
+        "cache_bytes": {"float": total(None), kv_dtype: total(kv_dtype), "length": length},
+    }
 
 
 def machine() -> dict:
@@ -548,6 +585,17 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
             ]
         )
     lines += table(header, body, markdown)
+    for report in reports:
+        quantized = report.get(QUANTIZED_KV)
+        if quantized:
+            paired, sizes = quantized["paired_with_float_cache"], quantized["cache_bytes"]
+            dtype = quantized["kv_cache_dtype"]
+            lines.append(
+                f"KV cache {dtype} / float ({report[OURS]['backend']}), tok/s in the "
+                f"same round: prefill {_ratio_cell(paired['prefill'])}, decode "
+                f"{_ratio_cell(paired['decode'])}; cache {sizes[dtype]:,} bytes vs "
+                f"{sizes['float']:,} at {sizes['length']} tokens"
+            )
     return "\n".join(lines)
 
 

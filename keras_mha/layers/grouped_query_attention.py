@@ -21,6 +21,7 @@ from keras_mha.layers import (
     attention_paths,
     attention_probe,
     kv_cache,
+    kv_quantization,
     padding_masks,
     validation,
 )
@@ -28,6 +29,14 @@ from keras_mha.layers.linear import linear
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int
+
+
+def _standard_dtype(dtype):
+    """Keras's name of `dtype`, or the value itself when it names no dtype (refused then)."""
+    try:
+        return keras.backend.standardize_dtype(dtype)
+    except (ValueError, TypeError):
+        return dtype
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
@@ -369,9 +378,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         Args:
             batch_size: rows of the batch to decode.
             max_length: positions the cache holds (prompt plus new tokens).
-            dtype: the buffers' dtype; None or the layer's compute dtype
-                (Keras converts floating call arguments to the compute dtype,
-                so a cache of another dtype would be copied at every step).
+            dtype: None or the layer's compute dtype (Keras converts floating call
+                arguments to the compute dtype, so a float cache of another dtype
+                would be copied at every step); or `"int8"` / `"float8_e4m3fn"`: a
+                `QuantizedKVCache` of codes with one scale per token and KV head, in
+                the compute dtype (`kv_quantization.py`; the bytes the planner states
+                for an int8 / float8 KV cache).
             variables: TensorFlow only: non-trainable `tf.Variable` buffers,
                 updated in place. Refused (`ValueError`) on JAX and PyTorch,
                 and inside a `tf.function`.
@@ -398,15 +410,22 @@ class GroupedQueryAttention(keras.layers.Layer):
             )
         _positive_int("batch_size", batch_size)
         _positive_int("max_length", max_length)
-        dtype = keras.backend.standardize_dtype(dtype or self.compute_dtype)
-        if dtype != self.compute_dtype:
+        dtype = dtype or self.compute_dtype
+        quantized = dtype in kv_quantization.RUNTIME_QUANTIZED
+        if not quantized and _standard_dtype(dtype) != self.compute_dtype:
             raise ValueError(
-                f"`dtype` of a KV cache must be the layer's compute dtype "
-                f"{self.compute_dtype!r} (or None); received {dtype!r}."
+                f"`dtype`={dtype!r} of a KV cache: expected None or the layer's compute dtype "
+                f"{self.compute_dtype!r}, or a quantized cache: "
+                f"{', '.join(map(repr, kv_quantization.RUNTIME_QUANTIZED))}."
             )
         validation.flag("variables", variables)
+        shape = (batch_size, self.num_key_value_heads, max_length, self.head_dim)
+        if quantized:
+            kind = kv_cache.QuantizedKVCache
+            make = kind.variables if variables else kind.zeros
+            return make(*shape, dtype, self.compute_dtype)
         make = kv_cache.KVCache.variables if variables else kv_cache.KVCache.zeros
-        return make(batch_size, self.num_key_value_heads, max_length, self.head_dim, dtype)
+        return make(*shape, self.compute_dtype)
 
     def compute_cross_attention_cache(self, value, key=None):
         """Project encoder outputs once into a read-only cross-attention cache.
@@ -537,9 +556,14 @@ class GroupedQueryAttention(keras.layers.Layer):
                 self._project_heads(inputs.value, "value"),
             )
         q, k = self._rotate(q, k, self._position_offset(cache_index, start))
-        written, valid = self._write_cache(cache, k, v, cache_index, start)
+        if isinstance(cache, kv_cache.QuantizedKVCache):
+            k, v, written, valid, read = self._write_quantized(cache, k, v, cache_index, start)
+            before, after = read, read
+        else:
+            written, valid = self._write_cache(cache, k, v, cache_index, start)
+            before, after = cache, written
         heads, scores = self._compute_attention(
-            q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
+            q, k, v, options, inputs, attention_mask, before, after, cache_index, start
         )
         # The attention weights (None on the fused paths, which a recording turns off).
         attention_probe.observe(self, scores)
@@ -586,6 +610,19 @@ class GroupedQueryAttention(keras.layers.Layer):
         if cache_index is None:  # no cache, or a read-only one
             return cache, None
         return kv_cache.write(cache, k, v, cache_index, start)
+
+    def _write_quantized(self, cache, k, v, cache_index, start):
+        """`(k, v, written, valid, read)` for an int8 / float8 cache (`kv_quantization.py`).
+
+        `k`, `v` are this call's keys and values as the cache now holds them, `written`
+        the cache of codes after the write, `read` that cache dequantized: attention
+        reads it as the cache both before and after the write (a path that takes the
+        cache before the write masks the step's position there and adds the step's key).
+        """
+        written, valid = cache, None
+        if cache_index is not None:
+            k, v, written, valid = kv_quantization.write(cache, k, v, cache_index, start)
+        return k, v, written, valid, kv_quantization.dequantize_cache(written, self.compute_dtype)
 
     def _compute_attention(
         self, q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
@@ -678,10 +715,9 @@ class GroupedQueryAttention(keras.layers.Layer):
                 )
             )
         if cache is not None:
+            kind = kv_cache.QuantizedKVCache if len(cache) == 4 else kv_cache.KVCache
             results.append(
-                kv_cache.KVCache(
-                    *(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache)
-                )
+                kind(*(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache))
             )
         return results[0] if len(results) == 1 else tuple(results)
 

@@ -249,15 +249,16 @@ class DecoderModel(CheckedInputs, keras.Model):
         return self.logits(self.final_norm(hidden))
 
     # ------------------------------------------------------------------ decoding
-    def init_caches(self, batch_size, max_length, variables=False):
+    def init_caches(self, batch_size, max_length, variables=False, dtype=None):
         """One KV cache per block (opaque: whatever the attention layer's `init_cache` makes).
 
         `variables=True` (TensorFlow): caches of variables that the steps update in
-        place (see `GroupedQueryAttention.init_cache`).
+        place; `dtype`: None (the compute dtype), `"int8"` or `"float8_e4m3fn"` (see
+        `GroupedQueryAttention.init_cache`).
         """
         return [
             block.attention.init_cache(
-                batch_size, max_length, dtype=self.compute_dtype, variables=variables
+                batch_size, max_length, dtype=dtype or self.compute_dtype, variables=variables
             )
             for block in self.blocks
         ]

@@ -59,6 +59,8 @@ def applies(layer, inputs, cache, start, options):
     """
     if start is None or not options.use_fused:
         return False
+    if isinstance(cache, kv_cache.QuantizedKVCache):
+        return False  # quantized on writing, dequantized for attention: the general path
     if torch.compiler.is_compiling() or inputs.query_mask is not None:
         return False
     if layer.sliding_window is not None and not options.causal:
