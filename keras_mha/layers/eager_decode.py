@@ -58,6 +58,8 @@ def applies(layer, inputs, cache, start, options):
     """
     if start is None or not options.use_fused or keras.backend.backend() != "torch":
         return False
+    if layer.quantization_mode is not None:
+        return False  # `step` reads float kernels; Keras's quantized Dense layers run instead
     torch = _torch()
     if torch.compiler.is_compiling() or inputs.query_mask is not None:
         return False
