@@ -121,8 +121,8 @@ def refuse_quantized(layer, action, error=ValueError):
     mode = getattr(layer, "quantization_mode", None)
     if mode is not None:
         raise error(
-            f"layer {layer.name!r} is quantized ({mode}): {action} needs its float kernels; "
-            f"{action} the float model, then quantize it"
+            f"layer {layer.name!r} is quantized ({mode}): {action} needs float kernels; "
+            "run it on the float model, before quantize"
         )
 
 

@@ -467,6 +467,18 @@ def _return_freed_memory():
         pass
 
 
+def _refuse_quantized_checkpoint(config: dict, source: str) -> None:
+    """One line naming a checkpoint's quantization format, which this loader cannot read."""
+    quantization = config.get("quantization_config")
+    if not isinstance(quantization, dict):
+        return
+    method = shown(quantization.get("quant_method", "unknown"))
+    raise UnsupportedModelError(
+        f"{source}: quantization_config.quant_method={method}: keras-mha loads float "
+        "checkpoints only; load the float release and pass quantize='int8', 'int4' or 'float8'"
+    )
+
+
 def from_pretrained(
     source,
     *,
@@ -506,8 +518,9 @@ def from_pretrained(
             file that resolves outside the folder (a `..` shard name, a symlink leading
             elsewhere).
         ConfigError: a config value that cannot be read.
-        UnsupportedModelError: a family or feature keras_mha.models does not build.
-        UsageError: `source` or `dtype` is not one of the values expected.
+        UnsupportedModelError: a family or feature keras_mha.models does not build; a
+            quantized checkpoint (fp8 blocks, GPTQ, AWQ, bitsandbytes, compressed-tensors).
+        UsageError: `source`, `dtype` or `quantize` is not one of the values expected.
 
     Warns:
         UserWarning: a tensor holds NaN or infinite values (named, with their count).
@@ -537,6 +550,7 @@ def from_pretrained(
         if timeout is not None:
             hub["timeout"] = timeout
         config, directory = _hub_checkpoint(source, revision, token, hub)
+    _refuse_quantized_checkpoint(config, source)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown families are refused below, by name
         try:
