@@ -114,3 +114,23 @@ def test_quantized_checkpoints_are_refused_in_one_line(llama, tmp_path, method):
     with pytest.raises(UnsupportedModelError, match=f"quant_method='{method}'") as error:
         from_pretrained(folder)
     assert "\n" not in str(error.value)
+
+
+def test_int8_minilm_variable_bytes_match_the_plan():
+    # The planner's generic int8 keeps everything but the block matrices in bfloat16.
+    import json
+
+    import ml_dtypes
+
+    import keras_mha
+
+    directory = minilm_directory()
+    config = json.loads((directory / "config.json").read_text())
+    planned = keras_mha.plan(config, weights_dtype="int8").to_dict()["memory"]["weights_bytes"]
+    model = from_pretrained(directory, dtype="bfloat16", quantize="int8")
+    itemsize = {"bfloat16": ml_dtypes.bfloat16}
+    actual = sum(
+        int(np.prod(v.shape)) * np.dtype(itemsize.get(str(v.dtype), str(v.dtype))).itemsize
+        for v in model.variables
+    )
+    assert abs(actual / planned["int8"] - 1) < 0.02
