@@ -180,3 +180,102 @@ def test_the_cost_side_and_inspect_import_no_keras_backend_or_hub():
     )
     result = json.loads(completed.stderr.splitlines()[-1])
     assert result == {"exit_code": 0, "inspect": [], "all": []}
+
+
+# -- backend code lives in keras_mha/backends ----------------------------------------------
+
+BACKEND_PACKAGES = ("torch", "jax", "jaxlib", "tensorflow")
+# Modules outside `keras_mha/backends/` that may import a backend or Keras's private
+# modules, and why. Everything else asks `keras_mha.backends`.
+BACKEND_CODE_ELSEWHERE = {
+    # Variables created without memory and filled later: Keras has no public API for it;
+    # the code reads Keras's own deferred-variable list, the same on every backend.
+    "keras_mha.models.deferred": {"keras.src.backend.common"},
+}
+
+
+def _imports_backend_code(name: str, path: Path) -> set[str]:
+    """The backend packages and private Keras modules that `name` imports anywhere."""
+    found = set()
+    for module, imported_name in import_statements(name, path):
+        top = module.split(".")[0]
+        if top in BACKEND_PACKAGES:
+            found.add(top)
+        elif module.startswith("keras.src"):
+            found.add(module)
+        elif module == "keras" and imported_name == "src":
+            found.add("keras.src")
+    return found
+
+
+def _asks_keras_backend(path: Path) -> bool:
+    """Whether the module calls `keras.backend.backend()` (docstrings are not code)."""
+    for node in ast.walk(_syntax_tree(path)):
+        function = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+        if (
+            isinstance(function, ast.Attribute)
+            and function.attr == "backend"
+            and isinstance(function.value, ast.Attribute)
+            and function.value.attr == "backend"
+            and isinstance(function.value.value, ast.Name)
+            and function.value.value.id == "keras"
+        ):
+            return True
+    return False
+
+
+def test_only_keras_mha_backends_asks_which_backend_runs_or_imports_one():
+    outside = {
+        name: path
+        for name, path in package_modules().items()
+        if not (name == "keras_mha.backends" or name.startswith("keras_mha.backends."))
+    }
+    asking = sorted(name for name, path in outside.items() if _asks_keras_backend(path))
+    importing = {
+        name: found - BACKEND_CODE_ELSEWHERE.get(name, set())
+        for name, path in outside.items()
+        for found in [_imports_backend_code(name, path)]
+    }
+    assert asking == []
+    assert {name: found for name, found in importing.items() if found} == {}
+    unused = {
+        n
+        for n, allowed in BACKEND_CODE_ELSEWHERE.items()
+        if n not in outside or not (_imports_backend_code(n, outside[n]) & allowed)
+    }
+    assert unused == set()  # an exception nobody needs any more is removed
+
+
+def test_the_backend_code_test_sees_what_it_looks_for(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text(
+        '"""keras.backend.backend() in a docstring is not code."""\n'
+        "import keras\n"
+        "def f():\n"
+        "    import torch.nn.functional\n"
+        "    from keras.src.backend import get_autocast_scope\n"
+        "    return keras.backend.backend()\n"
+    )
+    assert _asks_keras_backend(source)
+    found = _imports_backend_code("keras_mha.probe", source)
+    assert found == {"torch", "keras.src.backend"}
+    plain = tmp_path / "plain.py"  # another path: syntax trees are cached by path
+    plain.write_text('"""keras.backend.backend()"""\nimport numpy\n')
+    assert not _asks_keras_backend(plain)
+    assert _imports_backend_code("keras_mha.plain", plain) == set()
+
+
+def test_every_backend_module_defines_the_whole_interface():
+    from keras_mha import backends
+
+    for backend in ("jax", "tensorflow", "torch"):
+        path = PACKAGE_ROOT / "backends" / backend / "__init__.py"
+        tree = _syntax_tree(path)
+        defined = {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        } | {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert sorted(set(backends.INTERFACE) - defined) == [], backend

@@ -19,9 +19,9 @@ Example:
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 
+from keras_mha import backends
 from keras_mha.analysis.calls import model_inputs, run_model, takes_padding_mask
 from keras_mha.analysis.data import checkpoint_tokenizer, is_causal, model_tokenizer, token_data
 from keras_mha.analysis.result import HeadRoles
@@ -171,7 +171,7 @@ def head_roles(
         layer_roles=layer_roles,
         model=name or getattr(model, "name", type(model).__name__),
         architecture="decoder" if causal else "encoder",
-        backend=keras.backend.backend(),
+        backend=backends.name(),
         tokens=prepared.num_tokens,
         sequences=prepared.num_sequences,
         syntax=syntax,

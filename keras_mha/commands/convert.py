@@ -267,8 +267,7 @@ def run(arguments) -> int:
     """
     started = time.perf_counter()
     _check_arguments(arguments)
-    import keras
-
+    from keras_mha import backends
     from keras_mha.commands.prune_data import load_examples
     from keras_mha.conversion.convert import convert_attention
     from keras_mha.conversion.report import kv_cache_figures, render_markdown, render_table
@@ -337,7 +336,7 @@ def run(arguments) -> int:
         "source": arguments.source,
         "architecture": kind,
         "model_type": exporting.model_type(model),
-        "backend": keras.backend.backend(),
+        "backend": backends.name(),
         "dtype": exporting.compute_dtype(model),
         "method": arguments.method,
         "num_layers": len(layers),

@@ -395,8 +395,7 @@ def run(arguments) -> int:
         0
     """
     _check_arguments(arguments)
-    import keras
-
+    from keras_mha import backends
     from keras_mha.models import export as exporting
     from keras_mha.pruning import get_head_gates, prune_heads, set_head_gates
 
@@ -439,7 +438,7 @@ def run(arguments) -> int:
         "source": arguments.source,
         "architecture": kind,
         "model_type": exporting.model_type(model),
-        "backend": keras.backend.backend(),
+        "backend": backends.name(),
         "dtype": arguments.dtype or exporting.compute_dtype(model),
         "method": arguments.method,
         "policy": arguments.policy,

@@ -32,6 +32,8 @@ import warnings
 
 import keras
 
+from keras_mha import backends
+
 # Variable name -> which head axis of it is split: "query" (H), "key_value"
 # (Hkv) or None (replicated). The position in the tuple is the variable's axis.
 _HEAD_AXES = {
@@ -140,10 +142,10 @@ def head_parallel_axes(layer, mesh, model_axis="model"):
 
 
 def _warn_if_not_jax():
-    backend = keras.backend.backend()
-    if backend != "jax":
+    if not backends.current().applies_layouts:
         warnings.warn(
-            f"Keras applies a LayoutMap to variables only on the JAX backend; on {backend!r} "
+            f"Keras applies a LayoutMap to variables only on the JAX backend; on "
+            f"{backends.name()!r} "
             "keras.distribution.ModelParallel leaves every variable on one device.",
             stacklevel=3,
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_mha import backends
 from keras_mha.distribution.head_parallel import _mesh_axis_size
 from keras_mha.layers.kv_cache import KVCache
 
@@ -101,11 +102,10 @@ def distribute_kv_cache(cache, mesh, model_axis="model", batch_axis=None):
         >>> tuple(cache.key.shape)
         (2, 4, 8, 4)
     """
-    backend = keras.backend.backend()
-    if backend != "jax":
+    if not backends.current().applies_layouts:
         raise ValueError(
             f"distribute_kv_cache needs the JAX backend (keras.distribution places tensors "
-            f"on a mesh only there); the backend is {backend!r}."
+            f"on a mesh only there); the backend is {backends.name()!r}."
         )
     shapes = [tuple(getattr(part, "shape", ())) for part in cache] if _is_pair(cache) else None
     if shapes is None or any(len(shape) != _BUFFER_RANK for shape in shapes):

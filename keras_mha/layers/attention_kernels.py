@@ -26,11 +26,10 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import importlib
-
 import keras
 from keras import ops
+
+from keras_mha import backends
 
 # Large negative logit for masked positions. Softmax runs in float32, where this
 # is far from overflow, and exp() of it underflows to exactly zero.
@@ -175,17 +174,15 @@ def fused_attention(
         # rows attend everywhere, then zero them below.
         row_has_key = rows_with_any_key(mask)
         mask = ops.logical_or(mask, ops.logical_not(row_has_key))
-    if key_heads_first:
-        if keras.backend.backend() == "torch":
-            output = _torch_sdpa(
-                query, key, value, mask, scale=scale, is_causal=False, key_heads_first=True
-            )
-        else:
-            output = grouped_attention(query, key, value, mask, scale=scale, key_heads_first=True)
-    else:
-        output = _fused_attention_without_empty_rows(
-            query, key, value, mask, scale=scale, is_causal=is_causal
-        )
+    output = backends.current().fused_attention(
+        query,
+        key,
+        value,
+        mask,
+        scale=scale,
+        is_causal=is_causal,
+        key_heads_first=key_heads_first,
+    )
     if row_has_key is not None:
         # (B|1, 1|H, T, 1) -> (B|1, T, 1|H, 1) to line up with (B, T, H, D).
         output = output * ops.cast(ops.transpose(row_has_key, (0, 2, 1, 3)), output.dtype)
@@ -202,39 +199,7 @@ def reads_cache_prefix_cheaply():
         >>> reads_cache_prefix_cheaply() == (keras.backend.backend() == "torch")  # doctest: +SKIP
         True
     """
-    if keras.backend.backend() != "torch":
-        return False
-    import torch
-
-    return not torch.compiler.is_compiling()
-
-
-def _fused_attention_without_empty_rows(query, key, value, mask, *, scale, is_causal=False):
-    backend = keras.backend.backend()
-    num_heads, num_key_value_heads = query.shape[2], key.shape[2]
-    if backend == "torch":
-        return _torch_sdpa(query, key, value, mask, scale=scale, is_causal=is_causal)
-    if backend == "jax" or num_key_value_heads == num_heads:
-        dtype = value.dtype
-        upcast = backend == "jax" and _jax_cpu_cannot_compile_float16(query)
-        if upcast:
-            # XLA's CPU dot_general rejects float16 operands with float32 accumulation
-            # ('F16_F16_F32') inside jax.jit, i.e. in every `fit`/`predict` under
-            # mixed_float16; eager calls happen to work. Attend in float32 there.
-            query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
-        output = ops.dot_product_attention(
-            query, key, value, mask=mask, scale=scale, is_causal=is_causal and mask is None
-        )
-        return ops.cast(output, dtype) if upcast else output
-    if is_causal and mask is None:
-        mask = causal_mask_for(query, key)
-    return grouped_attention(query, key, value, mask, scale=scale)
-
-
-def _jax_cpu_cannot_compile_float16(query):
-    import jax
-
-    return query.dtype == "float16" and jax.default_backend() == "cpu"
+    return backends.current().reads_cache_prefix_cheaply()
 
 
 # The largest block; causal self-attention goes blockwise from _MIN_BLOCKS of
@@ -272,14 +237,7 @@ def prefers_blockwise_causal(query, key):
         return False
     if length < _MIN_BLOCKS * CAUSAL_BLOCK_SIZE:
         return False
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        return True
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() == "cpu"
-    return False
+    return backends.current().prefers_blockwise_causal()
 
 
 def blockwise_causal_attention(query, key, value, *, scale, block_size=None):
@@ -311,22 +269,14 @@ def blockwise_causal_attention(query, key, value, *, scale, block_size=None):
     """
     if block_size is None:
         block_size = causal_block_size(query.shape[2] // key.shape[2])
-    if keras.backend.backend() == "jax":
-        # One XLA program for all the blocks: called eagerly, every block's ops
-        # (each with its own key length) would compile separately, ~28 programs a
-        # block (940 at 4096 tokens, minutes on a CPU). Inside a jit it is inlined.
-        return _jitted_blockwise()(query, key, value, scale, block_size=block_size)
-    return _blockwise_causal_attention(query, key, value, scale, block_size=block_size)
+    # JAX compiles the blocks as one program (backends/jax/attention.py).
+    return backends.current().blockwise_causal_attention(
+        query, key, value, scale, block_size=block_size
+    )
 
 
-@functools.cache
-def _jitted_blockwise():
-    import jax
-
-    return jax.jit(_blockwise_causal_attention, static_argnames=("block_size",))
-
-
-def _blockwise_causal_attention(query, key, value, scale, *, block_size):
+def causal_attention_in_blocks(query, key, value, scale, *, block_size):
+    """`blockwise_causal_attention` with a given block size, as the backend runs it."""
     length, num_heads = query.shape[1], query.shape[2]
     num_key_value_heads = key.shape[2]
     grouped = _split_query_groups(query * ops.cast(scale, query.dtype), num_key_value_heads)
@@ -357,88 +307,3 @@ def causal_mask_for(query, key):
     query_positions = ops.arange(ops.shape(query)[1])[:, None]
     key_positions = ops.arange(ops.shape(key)[1])[None, :]
     return (key_positions <= query_positions)[None, None]
-
-
-_MODULES = {}
-
-
-def backend_module(name):
-    """A backend's module (`"torch.nn.functional"`), imported on first use and kept.
-
-    For the eager decode paths, where an import statement costs more than a kernel
-    launch; this module itself loads without the backend installed.
-
-    Example:
-        >>> backend_module("torch.nn.functional").scaled_dot_product_attention  # doctest: +SKIP
-    """
-    module = _MODULES.get(name)
-    if module is None:
-        module = _MODULES[name] = importlib.import_module(name)
-    return module
-
-
-def _torch_functional():
-    return backend_module("torch.nn.functional")
-
-
-def _torch_sdpa(query, key, value, mask, *, scale, is_causal, key_heads_first=False):
-    if not key_heads_first:
-        key, value = key.transpose(1, 2), value.transpose(1, 2)
-    num_heads, num_key_value_heads = query.shape[2], key.shape[1]
-    if query.shape[1] == 1 and num_heads != num_key_value_heads:
-        return torch_one_query_attention(query, key, value, mask, scale=scale)
-    output = _torch_functional().scaled_dot_product_attention(
-        query.transpose(1, 2),
-        key,
-        value,
-        attn_mask=mask,
-        is_causal=is_causal and mask is None,
-        scale=scale,
-        enable_gqa=num_heads != num_key_value_heads,
-    )
-    return output.transpose(1, 2)
-
-
-# Devices whose SDPA kernels take grouped-query heads natively (`enable_gqa`) when no
-# mask is given. On an H200 in bfloat16 (context 8192, 32/8 heads) cuDNN's kernel ran a
-# lone query per head 2.7x faster than G queries per KV head; on the CPU the grouped
-# layout is the faster. With a mask the grouped layout stays: not every CUDA kernel that
-# takes a mask takes `enable_gqa` (the math fallback would copy K/V per query head).
-_NATIVE_GQA_DEVICES = ("cuda",)
-
-
-def torch_one_query_attention(query, key, value, mask, *, scale):
-    """PyTorch: one query token `(B, 1, H, D)` over a heads-first cache `(B, Hkv, S, D)`.
-
-    On the CPU the query heads of each group become that group's queries:
-    `(B, 1, Hkv * G, D)` is viewed as `(B, Hkv, G, D)`, plain multi-head SDPA with `G`
-    queries per head, no `enable_gqa` (whose CPU kernel walks each query head
-    separately) and no copy. On CUDA without a mask, `enable_gqa` with one query per head.
-    `mask`: None or boolean, broadcastable to `(B, 1 | H, 1, S)`, with no empty row.
-
-    Example:
-        >>> import torch
-        >>> q, kv = torch.randn(1, 1, 8, 16), torch.randn(1, 2, 32, 16)
-        >>> tuple(torch_one_query_attention(q, kv, kv, None, scale=0.25).shape)
-        (1, 1, 8, 16)
-    """
-    batch, _, num_heads, head_dim = query.shape
-    num_key_value_heads = key.shape[1]
-    if mask is None and query.device.type in _NATIVE_GQA_DEVICES:
-        output = _torch_functional().scaled_dot_product_attention(
-            query.transpose(1, 2), key, value, scale=scale, enable_gqa=True
-        )
-        return output.transpose(1, 2)
-    groups = num_heads // num_key_value_heads
-    grouped = query.reshape(batch, num_key_value_heads, groups, head_dim)
-    if mask is not None:
-        # (B|1, 1|H, 1, S) -> (B|1, 1|Hkv, 1|G, S), the query axis folded away.
-        if mask.shape[1] == 1:
-            mask = mask[:, :, 0][:, :, None]
-        else:
-            mask = mask.reshape(mask.shape[0], num_key_value_heads, groups, mask.shape[-1])
-    output = _torch_functional().scaled_dot_product_attention(
-        grouped, key, value, attn_mask=mask, scale=scale
-    )
-    # (B, Hkv, G, Dv) -> (B, 1, H, Dv): the heads are in order, so this is a view.
-    return output.reshape(batch, 1, num_heads, value.shape[-1])

@@ -14,8 +14,9 @@ docs/concepts/attention-paths.md):
   into the cache, JAX-CPU), `decode_attention.flat_cache_attention` (TensorFlow),
   else `attention_kernels.fused_attention(..., key_heads_first=True)`.
 
-The backend checks live in the kernel modules' predicates (`prefers_blockwise_causal`,
-`applies`, `applies_flat`, `reads_cache_prefix_cheaply`); this module only orders them.
+The backend checks live in `keras_mha.backends` (each backend's
+`prefers_blockwise_causal`, `cache_kernel`, `reads_cache_prefix_cheaply`, reached through
+`attention_kernels` or `backends.current()`); this module only orders them.
 
 Example:
     >>> options = AttentionOptions(num_heads=8, scale=0.25, causal=True, use_fused=True)
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple
 
 from keras import ops
 
+from keras_mha import backends
 from keras_mha.layers import attention_kernels, decode_attention, masks
 
 
@@ -163,6 +165,11 @@ def _attend_inputs(
     return heads, None
 
 
+# A backend's `cache_kernel` names for one query token written into the cache: they read
+# the cache before or after this step's write (decode_attention.py).
+_SINGLE_QUERY_KERNELS = ("two_fusions", "single_query")
+
+
 def _attend_cache(q, k, v, cache, attention_mask, query_mask, options):
     """Attention of `q` over the cache's written positions (all of a read-only cache)."""
     keys, values = cache.written.key, cache.written.value
@@ -202,8 +209,9 @@ def _attend_cache(q, k, v, cache, attention_mask, query_mask, options):
     if not options.use_fused:
         return _generic_attention(q, keys, values, mask, options, key_heads_first=True)
     rows_may_be_empty = attention_mask is not None or query_mask is not None
-    if cache.index is not None and keys.dtype == q.dtype and decode_attention.applies(q):
-        if decode_attention.prefers_two_fusions(q, keys):
+    kernel = backends.current().cache_kernel(q, keys)
+    if kernel in _SINGLE_QUERY_KERNELS and cache.index is not None and keys.dtype == q.dtype:
+        if kernel == "two_fusions":
             # Each cache buffer read by one fusion: XLA then updates it in place.
             heads = decode_attention.two_fusion_attention(
                 q, keys, values, mask, scale=options.scale, rows_may_be_empty=rows_may_be_empty
@@ -222,7 +230,7 @@ def _attend_cache(q, k, v, cache, attention_mask, query_mask, options):
             rows_may_be_empty=rows_may_be_empty,
         )
         return heads, None
-    if decode_attention.applies_flat(q, keys):
+    if kernel == "flat":
         heads = decode_attention.flat_cache_attention(
             q, keys, values, mask, scale=options.scale, rows_may_be_empty=rows_may_be_empty
         )

@@ -25,6 +25,8 @@ import contextlib
 import keras
 import numpy as np
 
+from keras_mha import backends
+
 # {id(layer): (path, callback)} of the layers being recorded, in this process. A plain
 # dict, not a ContextVar: torch.compile traces a check of an empty dict (the layer asks
 # on every call) but breaks its graph on ContextVar.get.
@@ -55,20 +57,7 @@ def _eager_numpy(tensor, path):
 
 
 def _has_value(tensor) -> bool:
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return not isinstance(tensor, jax.core.Tracer)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return tf.executing_eagerly()
-    if backend == "torch":
-        import torch
-
-        return not torch.compiler.is_compiling()
-    return True
+    return backends.current().has_value(tensor)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """Query tokens against a KV cache, written so that XLA on CPU does not copy the cache.
 
 Two paths, each for the backend where it was measured faster than the grouped einsum
-of `attention_kernels.grouped_attention` over the updated cache:
+of `attention_kernels.grouped_attention` over the updated cache (each backend's
+`cache_kernel`, in `keras_mha/backends/`, picks):
 
 - `flat_cache_attention` on TensorFlow: two flat matmuls that read a cache of
   variables, updated in place by a scatter (`kv_cache.py`), as it lies;
@@ -23,21 +24,10 @@ Example:
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops
 
 _MASKED_LOGIT = -1e30
-
-
-def applies_flat(query, key):
-    """Whether `flat_cache_attention` is the path for this step (XLA on TensorFlow).
-
-    Example:
-        >>> applies_flat(ops.ones((1, 1, 8, 16)), ops.ones((1, 2, 32, 16)))  # doctest: +SKIP
-        True
-    """
-    return keras.backend.backend() == "tensorflow" and query.shape[2] is not None
 
 
 def flat_cache_attention(query, key, value, mask, *, scale, rows_may_be_empty=True):
@@ -92,20 +82,6 @@ def flat_cache_attention(query, key, value, mask, *, scale, rows_may_be_empty=Tr
     output = ops.reshape(output, (batch, kv_heads, groups, length, value.shape[-1]))
     output = ops.transpose(output, (0, 3, 1, 2, 4))
     return ops.reshape(output, (batch, length, num_heads, value.shape[-1]))
-
-
-def applies(query):
-    """Whether `single_query_attention` is the path for this step: one query token, JAX-CPU.
-
-    Example:
-        >>> applies(ops.ones((1, 1, 8, 16)))  # doctest: +SKIP
-        True
-    """
-    if keras.backend.backend() != "jax" or query.shape[1] != 1:
-        return False
-    import jax
-
-    return jax.default_backend() == "cpu"
 
 
 def _grouped(query, key, mask, scale):

@@ -16,11 +16,10 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_mha import backends
 from keras_mha.layers import (
     attention_paths,
     attention_probe,
-    decode_functions,
-    eager_decode,
     kv_cache,
     padding_masks,
     quantization,
@@ -490,7 +489,7 @@ class GroupedQueryAttention(keras.layers.Layer):
             >>> tuple(output.shape)
             (1, 1, 64)
         """
-        return decode_functions.layer_decode_function(
+        return backends.current().decode_function(
             self, compile_torch=compile_torch, jit_compile=jit_compile
         )
 
@@ -556,8 +555,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         )
         cache, start = self._check_call(inputs, cache, cache_index)
         options = self._attention_options(use_causal_mask, return_attention_scores, training)
-        if eager_decode.applies(self, inputs, cache, start, options):
-            return eager_decode.step(self, query, cache, start, attention_mask, options)
+        if cache is not None:  # an eager decode step of the backend's own, or None
+            done = backends.current().eager_step(
+                self, inputs, query, cache, start, attention_mask, options
+            )
+            if done is not None:
+                return done
 
         q = self._project_heads(inputs.query, "query")
         k = v = None
@@ -631,7 +634,7 @@ class GroupedQueryAttention(keras.layers.Layer):
         kernel = self.output_kernel
         # Eager PyTorch with no head pruned skips the product: a copy of the kernel
         # (or heads) times 1.
-        if not eager_decode.gates_are_ones(self):
+        if not backends.current().gates_are_ones(self):
             gates = ops.cast(self.head_gates, heads.dtype)
             batch, length = heads.shape[0], heads.shape[1]
             if isinstance(batch, int) and isinstance(length, int) and batch * length > output_dim:

@@ -30,6 +30,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mha import backends
+
 _LENGTH_AXIS = 2
 
 
@@ -63,26 +65,8 @@ class KVCache(NamedTuple):
             >>> cache.key.trainable, cache.in_place  # doctest: +SKIP
             (False, True)
         """
-        backend = keras.backend.backend()
-        if backend != "tensorflow":
-            raise ValueError(
-                f"`variables=True` (a KV cache of variables written in place) is for TensorFlow; "
-                f"received it on {backend}, {_NO_VARIABLES[backend]}"
-            )
-        import tensorflow as tf
-
-        if not tf.executing_eagerly():
-            raise ValueError(
-                "`variables=True` creates tf.Variables, which a tf.function cannot create at "
-                "every call: build the cache once, outside the traced function, and pass it in."
-            )
         shape = (batch_size, num_key_value_heads, max_length, head_dim)
-        return cls(
-            *(
-                tf.Variable(tf.zeros(shape, dtype), trainable=False, name=f"kv_cache_{part}")
-                for part in ("key", "value")
-            )
-        )
+        return cls(*backends.current().cache_variables(shape, dtype))
 
     @property
     def max_length(self):
@@ -94,20 +78,9 @@ class KVCache(NamedTuple):
         return is_variable(self.key)
 
 
-_NO_VARIABLES = {
-    "jax": "where variables cannot be updated under jax.jit: pass the default cache to "
-    "`jax.jit(step, donate_argnums=...)` and XLA updates it in place.",
-    "torch": "where the default cache is already written in place (under torch.no_grad()).",
-}
-
-
 def is_variable(buffer):
     """Whether `buffer` is a TensorFlow variable (a cache buffer updated by `assign`)."""
-    if keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return isinstance(buffer, tf.Variable)
+    return backends.current().is_variable(buffer)
 
 
 def all_in_place(caches):
@@ -123,9 +96,7 @@ def all_in_place(caches):
 
 def _unwrap(buffer):
     """The `tf.Variable` behind a TensorFlow `keras.Variable`, so that it is written in place."""
-    if keras.backend.backend() == "tensorflow" and isinstance(buffer, keras.Variable):
-        return buffer.value
-    return buffer
+    return backends.current().variable_tensor(buffer)
 
 
 def _describe(cache):
@@ -201,23 +172,14 @@ def static_index(cache_index):
     """
     if cache_index is None or isinstance(cache_index, (int, np.integer)):
         return None if cache_index is None else int(cache_index)
-    backend = keras.backend.backend()
-    if backend == "torch":
-        import torch
+    return backends.current().concrete_index(cache_index)
 
-        if torch.compiler.is_compiling():
-            return None
-        if isinstance(cache_index, torch.Tensor) and cache_index.device.type != "cpu":
-            return None
-    elif backend == "tensorflow":
-        import tensorflow as tf
 
-        if tf.is_tensor(cache_index) and not tf.executing_eagerly():
-            static = tf.get_static_value(cache_index)
-            return None if static is None else int(static)
+def read_index(cache_index):
+    """The int value of an index tensor, or None for a tracer (`jax.jit`, `tf.function`)."""
     try:
         return int(ops.convert_to_numpy(cache_index))
-    except Exception:  # A tracer (jax.jit, tf.function) has no value yet.
+    except Exception:  # A tracer has no value yet.
         return None
 
 
@@ -254,50 +216,22 @@ def check_static_write(start, query_length, max_length):
         )
 
 
-def _torch_in_place_allowed(torch, buffer, update):
-    return not (torch.is_grad_enabled() and (update.requires_grad or buffer.requires_grad))
-
-
 def _write_buffer(buffer, update, start, static_start, valid):
     """Write `update` `(B, Hkv, T, D)` into `buffer` at length position `start`.
 
     `valid` is None when `start` is known to be in range; otherwise a boolean
     scalar tensor, and an out-of-range write leaves the buffer unchanged.
     """
-    length = update.shape[_LENGTH_AXIS]
-    if keras.backend.backend() == "torch":
-        import torch
-
-        if static_start is not None:
-            if _torch_in_place_allowed(torch, buffer, update):
-                buffer[:, :, static_start : static_start + length] = update
-                return buffer
-            return torch.cat(
-                [
-                    buffer[:, :, :static_start],
-                    update,
-                    buffer[:, :, static_start + length :],
-                ],
-                dim=_LENGTH_AXIS,
-            )
-        start = torch.as_tensor(start, device=buffer.device)
-        positions = start + torch.arange(length, device=buffer.device)
-        if valid is not None:
-            # Clamp so the write stays inside the buffer, and write the old
-            # values back when the index was out of range.
-            positions = positions.clamp(0, buffer.shape[_LENGTH_AXIS] - 1)
-            old = buffer.index_select(_LENGTH_AXIS, positions)
-            update = torch.where(valid, update, old)
-        if _torch_in_place_allowed(torch, buffer, update):
-            return buffer.index_copy_(_LENGTH_AXIS, positions, update)
-        return buffer.index_copy(_LENGTH_AXIS, positions, update)
+    write = backends.current().write_cache_buffer  # PyTorch's, in place
+    if write is not None:
+        return write(buffer, update, start, static_start, valid)
     index = static_start if static_start is not None else ops.cast(start, "int32")
     if valid is not None:
-        index, update = _keep_old_when_invalid(buffer, update, index, valid)
+        index, update = keep_old_when_invalid(buffer, update, index, valid)
     return ops.slice_update(buffer, [0, 0, index, 0], update)
 
 
-def _keep_old_when_invalid(buffer, update, index, valid):
+def keep_old_when_invalid(buffer, update, index, valid):
     """`(index, update)` made safe for a write that may overrun (`valid` False).
 
     Clamp so the write stays inside the buffer, and write the old values back
@@ -306,31 +240,6 @@ def _keep_old_when_invalid(buffer, update, index, valid):
     index = ops.clip(index, 0, buffer.shape[_LENGTH_AXIS] - update.shape[_LENGTH_AXIS])
     old = ops.slice(buffer, [0, 0, index, 0], ops.shape(update))
     return index, ops.where(valid, update, old)
-
-
-def _scatter_into_variable(variable, update, start, static_start, valid):
-    """Write `update` `(B, Hkv, T, D)` into a TensorFlow variable at `start`, in place.
-
-    A scatter, not a dynamic-update-slice: XLA's CPU compiler rewrites a
-    reshape of a dynamic-update-slice (the batched matmuls of the attention
-    read the cache as `(B * Hkv, S, D)`) into a second update of a copy of
-    the cache, so that each step copied the whole cache three times; a
-    scatter stays one in-place write and the matmuls read the variable's own
-    buffer (checked on the compiled HLO in tests/layers/test_cache.py).
-    """
-    import tensorflow as tf
-
-    batch, heads, length, _ = update.shape
-    batch = tf.shape(update)[0] if batch is None else batch
-    if static_start is not None:
-        index = tf.constant(static_start, tf.int32)
-    else:
-        index = tf.cast(start, tf.int32)
-    if valid is not None:
-        index, update = _keep_old_when_invalid(variable, update, index, valid)
-    # (B, Hkv, T, 3) indices [b, h, index + t] of each updated row.
-    grid = tf.meshgrid(tf.range(batch), tf.range(heads), index + tf.range(length), indexing="ij")
-    variable.scatter_nd_update(tf.stack(grid, axis=-1), update)
 
 
 # True within `index_checked_by_caller`, which a compiled step enters while it is traced.
@@ -377,7 +286,7 @@ def write(cache, key, value, start, static_start):
         if new.dtype != buffer.dtype:
             new = ops.cast(new, buffer.dtype)
         if is_variable(buffer):
-            _scatter_into_variable(buffer, new, start, static_start, valid)
+            backends.current().scatter_into_variable(buffer, new, start, static_start, valid)
             written = buffer
         else:
             written = _write_buffer(buffer, new, start, static_start, valid)

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mha import backends
 from keras_mha.layers import validation
 
 ROPE_SCALING_TYPES = ("default", "linear", "llama3")
@@ -124,13 +125,6 @@ def inverse_frequencies(rotary_dim, max_wavelength=10000.0, rope_scaling=None):
     return inv_freq
 
 
-# Backends whose compiled graphs get the angles of positions 0 .. T - 1 as constants: XLA
-# folds no sine of an iota, and it recomputed the angles inside every fusion that reads
-# them (136 sines in a 512-token prefill of 8 layers). torch.compile breaks on NumPy
-# constants, and TensorFlow's compiled prefill ran no faster with them.
-CONSTANT_TABLE_BACKENDS = ("jax",)
-
-
 @functools.lru_cache(maxsize=16)
 def constant_cos_sin(frequencies: tuple, length: int):
     """NumPy `(cos, sin)` of shape `(1, length, 1, 2 * len(frequencies))` for positions
@@ -219,7 +213,7 @@ class RotaryEmbedding(keras.layers.Layer):
         if (
             positions is None
             and isinstance(length, int)
-            and keras.backend.backend() in CONSTANT_TABLE_BACKENDS
+            and backends.current().constant_rope_tables
         ):
             cos, sin = constant_cos_sin(frequencies, length)
             return ops.convert_to_tensor(cos), ops.convert_to_tensor(sin)

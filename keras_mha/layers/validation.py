@@ -252,21 +252,9 @@ def check_call_inputs(query, value, key):
     ]
     if not unknown:
         return
-    import keras
+    from keras_mha import backends
 
-    if keras.backend.backend() != "tensorflow":
-        return
-    import tensorflow as tf
-
-    if tf.executing_eagerly():
-        return
-    for first, a, second, b, axis in unknown:
-        what = "batch size" if axis == 0 else "length"
-        tf.debugging.assert_equal(
-            tf.shape(a)[axis],
-            tf.shape(b)[axis],
-            message=f"`{first}` and `{second}` must have the same {what}",
-        )
+    backends.current().check_lengths_at_run_time(unknown)
 
 
 def check_cache_use(cache, cache_index, self_attention):

@@ -249,7 +249,8 @@ class DecoderBlock(keras.layers.Layer):
         return mlp
 
     def _activate(self, inputs):
-        # Inside `direct_calls` with eager calls, the backend's kernel (eager_torch.py).
+        # Inside `direct_calls` with eager calls, the backend's kernel
+        # (backends/torch/model_calls.py).
         return activate(self.activation, self._activation_fn, inputs)
 
     def compute_output_shape(self, input_shape):

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import keras
 import numpy as np
 
+from keras_mha import backends
 from keras_mha.models.safetensors_reader import BUFFER_ALIGNMENT, aligned_empty
 
 _PENDING = "uninitialized_variables"  # Keras's global list of deferred variables
@@ -54,7 +55,7 @@ def deferral_supported() -> bool:
         return False
     if keras.distribution.distribution() is not None:
         return False
-    if keras.backend.backend() == "jax" and keras.config.is_nnx_enabled():
+    if not backends.current().supports_deferred_variables():  # JAX's NNX variables
         return False
     # Inside a caller's stateless scope variables cannot be initialised at all.
     return _global_state().get_global_attribute("stateless_scope") is None
@@ -123,29 +124,7 @@ def backend_tensor(array: np.ndarray):
     `array` must be C-contiguous and 64-byte aligned (`aligned_empty`), and nothing else
     may write to it afterwards: the tensor (and the variable made from it) owns it.
     """
-    backend = keras.backend.backend()
-    if backend == "torch":
-        import torch
-
-        if array.dtype.kind not in "fiub":  # ml_dtypes' bfloat16: same bits, torch's type
-            if array.dtype.name == "bfloat16":
-                return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-            return keras.ops.convert_to_tensor(array)
-        return torch.from_numpy(array)
-    if backend == "jax":
-        import jax
-
-        try:
-            return jax.device_put(array, may_alias=True)
-        except TypeError:  # jax < 0.5 has no may_alias; on the CPU it aliases anyway
-            return jax.device_put(array)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        if array.dtype.kind in "fiu":  # DLPack has no bfloat16 / float8 from NumPy
-            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
-        return tf.convert_to_tensor(array)
-    return keras.ops.convert_to_tensor(array)
+    return backends.current().tensor_from_numpy(array)
 
 
 def owned_array(value: np.ndarray, dtype, *, shared: bool = False) -> np.ndarray:

@@ -3,7 +3,7 @@
 The prompt is run once (prefill) into fixed-shape caches made by each attention layer's
 `init_cache` (their inside is the layer's business), then one token per step. The step
 is compiled once per model, batch size and cache length, by the one place that picks
-the backend, `keras_mha.layers.decode_functions`: `jax.jit` on JAX (stateless, the
+the backend, `keras_mha.backends`: `jax.jit` on JAX (stateless, the
 weights passed as arguments, the caches donated so that XLA updates them in place),
 `tf.function(jit_compile=True)` on TensorFlow (the caches are variables, created outside
 the function and updated in place by it: `init_cache(..., variables=True)`), and eager
@@ -44,11 +44,10 @@ import weakref
 import keras
 import numpy as np
 
+from keras_mha import backends
 from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
-from keras_mha.layers.decode_functions import compile_decode_step
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
-from keras_mha.models.eager_torch import eager_calls
 
 CACHE_BUCKET = 64
 
@@ -60,13 +59,13 @@ class _CompiledDecoder:
 
     def __init__(self, model, compile_torch=False):
         self.model = model
-        self.backend = keras.backend.backend()
+        self.backend = backends.current()
         self.compile_torch = compile_torch
         # TensorFlow cannot donate a function's tensor arguments: its caches are variables.
-        self.variable_caches = self.backend == "tensorflow"
+        self.variable_caches = self.backend.variable_caches
         self.stats = {
-            "backend": self.backend,
-            "compiled": self.backend != "torch" or compile_torch,
+            "backend": backends.name(),
+            "compiled": self.backend.compiles_decode or compile_torch,
             "variable_caches": self.variable_caches,
             "prefill_traces": 0,
             "step_traces": 0,
@@ -76,7 +75,7 @@ class _CompiledDecoder:
         # TensorFlow: the cache variables of finished calls, by (batch, cache length):
         # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
         self._spare_caches = {}
-        self._cache_factories = {}  # JAX: (batch, cache length) -> compiled init_caches
+        self._cache_factories = {}  # (batch, cache length) -> init_caches (jitted on JAX)
         self._prefill, self._step = self._make()
 
     @contextlib.contextmanager
@@ -96,16 +95,12 @@ class _CompiledDecoder:
                 self._spare_caches[batch, max_length] = caches
 
     def _new_caches(self, batch, max_length):
-        if self.backend != "jax":
-            return self.model.init_caches(batch, max_length, variables=self.variable_caches)
-        # One compiled call makes every buffer: made one by one, each a dispatch, they
-        # took about a tenth of a 64-token CPU prefill.
         make = self._cache_factories.get((batch, max_length))
         if make is None:
-            import jax
-
-            make = jax.jit(functools.partial(self.model.init_caches, batch, max_length))
-            self._cache_factories[batch, max_length] = make
+            make = functools.partial(
+                self.model.init_caches, batch, max_length, variables=self.variable_caches
+            )
+            make = self._cache_factories[batch, max_length] = self.backend.cache_factory(make)
         return make()
 
     # The model's forward on the cache; `index` is 0 for prefill. Only the last
@@ -120,19 +115,20 @@ class _CompiledDecoder:
         # Eager PyTorch steps skip Keras's per-layer __call__ bookkeeping where that
         # changes nothing (see direct_calls.py): most of a small model's eager step.
         direct = not self.compile_torch and supports_direct_calls(self.model)
-        if self.backend == "torch":
+        if not self.backend.compiles_decode:  # eager PyTorch
             self.stats["direct_calls"] = direct
 
         def eager_forward(token_ids, key_mask, caches, index):
-            # The leaf layers as torch calls too (eager_torch.py), outside Keras scopes.
-            with direct_calls(direct, eager_calls()):
+            # The leaf layers as torch calls too (backends/torch/model_calls.py), outside
+            # Keras scopes.
+            with direct_calls(direct, self.backend.eager_calls()):
                 return self._forward(token_ids, key_mask, caches, index)
 
         def make(kind, static_index):
             def on_trace():
                 self.stats[f"{kind}_traces"] += 1
 
-            return compile_decode_step(
+            return self.backend.compile_decode_step(
                 self.model,
                 self._forward,
                 static_index=static_index,

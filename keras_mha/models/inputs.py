@@ -107,13 +107,10 @@ def concrete_values(tensor):
     if isinstance(tensor, np.ndarray):
         return tensor
     try:
-        import keras
+        from keras_mha import backends
 
-        if keras.backend.backend() == "torch":
-            import torch
-
-            if torch.compiler.is_compiling():
-                return None
+        if not backends.current().has_value(tensor):
+            return None
         return np.asarray(ops.convert_to_numpy(tensor))
     except Exception:  # A tracer has no value yet: the check is skipped.
         return None

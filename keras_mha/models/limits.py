@@ -81,27 +81,9 @@ def device_memory() -> tuple[int, str] | None:
         >>> device_memory()  # doctest: +SKIP
         (25323864064, "this machine's RAM")
     """
-    import keras
+    from keras_mha import backends
 
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        device = jax.devices()[0]
-        if device.platform != "cpu":
-            limit = (device.memory_stats() or {}).get("bytes_limit")
-            return None if limit is None else (int(limit), f"the {device.platform} device")
-    elif backend == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).total_memory, "the GPU"
-    elif backend == "tensorflow":
-        import tensorflow as tf
-
-        if tf.config.list_physical_devices("GPU"):
-            return None
-    return host_memory()
+    return backends.current().device_memory(host_memory)
 
 
 def _gib(size: int) -> str:

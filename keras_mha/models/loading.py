@@ -235,22 +235,9 @@ def _hub_checkpoint(source: str, revision, token, hub=None) -> tuple[dict, Path]
 
 
 def _has_accelerator() -> bool:
-    import keras
+    from keras_mha import backends
 
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.devices()[0].platform != "cpu"
-    if backend == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return bool(tf.config.list_physical_devices("GPU"))
-    return False
+    return backends.current().has_accelerator()
 
 
 def choose_dtype(config: dict, dtype: str | None) -> str:

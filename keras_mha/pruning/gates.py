@@ -22,6 +22,7 @@ import keras
 import ml_dtypes
 import numpy as np
 
+from keras_mha import backends
 from keras_mha.errors import PruningError
 from keras_mha.pruning.discovery import require_attention_layers
 
@@ -37,10 +38,7 @@ def sync_training_state(model):
         ...         sync_training_state(self.model)
         ...         print(self.model.layers[1].head_gates.numpy())
     """
-    if keras.backend.backend() != "jax":
-        return
-    if getattr(model, "_jax_state", None) and not getattr(model, "_jax_state_synced", True):
-        model.jax_state_sync()
+    backends.current().sync_training_state(model)
 
 
 def get_head_gates(model):

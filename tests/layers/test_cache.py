@@ -7,12 +7,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_mha.layers import (
-    GroupedQueryAttention,
-    MultiHeadAttention,
-    MultiQueryAttention,
-    decode_functions,
-)
+from keras_mha import backends
+from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 from tests.layers.test_reference import random_inputs, randomise
 from tests.reference import attention_numpy
 
@@ -21,7 +17,7 @@ BACKEND = keras.backend.backend()
 
 def grad_modes():
     """Autograd on and, on PyTorch, off: off, eager steps run in plain torch ops
-    (layers/eager_decode.py); on, they take the general path."""
+    (backends/torch/eager_decode.py); on, they take the general path."""
     import contextlib
 
     if BACKEND != "torch":
@@ -440,7 +436,7 @@ def test_torch_step_writes_the_cache_in_place():
 @pytest.mark.parametrize("window, rotary_factor", [(None, 0.5), (3, 1.0)])
 def test_chunked_steps_equal_full_causal_pass(window, rotary_factor):
     """Several tokens per step after the prefill (speculative / chunked decoding), with
-    autograd on (the general path) and off (layers/eager_decode.py builds its own masks)."""
+    autograd on (the general path) and off (backends/torch/eager_decode.py builds its own masks)."""
     x = random_inputs(2, 9, 16)
     layer = GroupedQueryAttention(
         4,
@@ -584,7 +580,7 @@ def test_jax_decode_step_updates_the_donated_cache_without_copying_it():
     layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
     layer(x)
     cache = layer.init_cache(1, 2048)
-    step = decode_functions.compile_decode_step(
+    step = backends.compile_decode_step(
         layer, lambda x, mask, cache, index: layer(x, cache=cache, cache_index=index)
     )
     hlo = step.lower(x[:, :1], None, cache, 3).compile().as_text()

@@ -1,5 +1,6 @@
 """The eager PyTorch step of `GroupedQueryAttention.make_decode_function`, which skips
-Keras's `Layer.__call__` (layers/eager_decode.py), and head gates on the eager paths.
+Keras's `Layer.__call__` (keras_mha/backends/torch/eager_decode.py), and head gates on the
+eager paths.
 
 The direct call must be taken only where `__call__` would add nothing (elsewhere:
 autograd on, a Keras mask, mixed precision, inputs to convert, hooks, not built,
@@ -16,7 +17,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_mha.layers import GroupedQueryAttention, MultiQueryAttention, eager_decode
+from keras_mha import backends
+from keras_mha.layers import GroupedQueryAttention, MultiQueryAttention
 from tests.layers.test_reference import random_inputs, randomise
 
 BACKEND = keras.backend.backend()
@@ -147,7 +149,7 @@ def test_gates_changed_after_a_forward_call_are_used():
     layer.output_kernel.assign(kernel * gates[:, None, None])
     np.testing.assert_allclose(after, ops.convert_to_numpy(layer(x)), atol=1e-6)
     assert not np.allclose(after, before)
-    assert eager_decode.gates_are_ones(layer) == (BACKEND == "torch")
+    assert backends.current().gates_are_ones(layer) == (BACKEND == "torch")
 
 
 @TORCH_ONLY
@@ -159,7 +161,7 @@ def test_direct_call_only_where_keras_call_adds_nothing():
     cache = new_cache(layer, 1)
 
     def skips(query=token, layer=layer, cache=cache, cache_index=PREFILL, mask=None):
-        return eager_decode.can_skip_keras_call(layer, query, cache, cache_index, mask)
+        return _eager_decode().can_skip_keras_call(layer, query, cache, cache_index, mask)
 
     with torch.no_grad():
         assert skips()
@@ -205,12 +207,12 @@ def test_warm_step_only_while_nothing_changed():
     cache = new_cache(layer, 1)
     function = layer.make_decode_function()
     function(x[:, :PREFILL], cache, 0)  # the layer checks the cache
-    assert eager_decode.warm_step(layer, token, cache, PREFILL) is None  # no direct step yet
+    assert _eager_decode().warm_step(layer, token, cache, PREFILL) is None  # no direct step yet
     expected, _ = function(token, cache, PREFILL)  # a direct step: the layer is warm now
 
     def warm(query=token, cache=cache, index=PREFILL):
         with torch.no_grad():
-            return eager_decode.warm_step(layer, query, cache, index)
+            return _eager_decode().warm_step(layer, query, cache, index)
 
     output, returned = warm()
     np.testing.assert_array_equal(ops.convert_to_numpy(output), ops.convert_to_numpy(expected))
@@ -227,7 +229,7 @@ def test_warm_step_only_while_nothing_changed():
         "another query length": lambda: warm(query=x[:, :2]),
         "another dtype": lambda: warm(query=token.double()),
         "a Keras mask": lambda: warm(query=masked),
-        "autograd on": lambda: eager_decode.warm_step(layer, token, cache, PREFILL),
+        "autograd on": lambda: _eager_decode().warm_step(layer, token, cache, PREFILL),
     }
     scopes = {
         "a stateless scope": keras.StatelessScope,
@@ -259,7 +261,7 @@ def test_warm_step_keeps_no_dropped_cache_alive():
     function(x[:, :PREFILL], cache, 0)
     function(x[:, PREFILL : PREFILL + 1], cache, PREFILL)  # a direct step: warm
     with torch.no_grad():
-        assert eager_decode.warm_step(layer, x[:, 4:5], cache, 4) is not None
+        assert _eager_decode().warm_step(layer, x[:, 4:5], cache, 4) is not None
     freed = weakref.ref(cache.key)
     del cache
     gc.collect()
@@ -313,6 +315,13 @@ def test_a_checked_cache_with_autograd_on_takes_the_general_path():
     cache = new_cache(layer, 1)
     with torch.no_grad():
         _, cache = function(x[:, :PREFILL], cache, 0)  # the layer checked this cache
-    output, written = eager_decode.call_directly(layer, x[:, PREFILL:], cache, PREFILL, None)
+    output, written = _eager_decode().call_directly(layer, x[:, PREFILL:], cache, PREFILL, None)
     assert output.requires_grad
     assert written.key is not cache.key and not cache.key.requires_grad
+
+
+def _eager_decode():
+    """PyTorch's eager decode module (imported by the tests that run on PyTorch only)."""
+    from keras_mha.backends.torch import eager_decode
+
+    return eager_decode

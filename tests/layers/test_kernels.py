@@ -161,7 +161,9 @@ def test_torch_one_query_attention_equals_grouped_attention_in_both_layouts(
     without a mask; the second forced onto the CPU here) under per-head, shared and no
     masks."""
     devices = ("cpu", "cuda") if native_gqa else ()
-    monkeypatch.setattr(attention_kernels, "_NATIVE_GQA_DEVICES", devices)
+    from keras_mha.backends.torch import attention
+
+    monkeypatch.setattr(attention, "NATIVE_GQA_DEVICES", devices)
     rng = np.random.RandomState(7)
     batch, num_heads, num_kv_heads, length, head_dim = 2, 8, 2, 9, 8
     query = tensor(batch, 1, num_heads, head_dim)
@@ -170,5 +172,5 @@ def test_torch_one_query_attention_equals_grouped_attention_in_both_layouts(
     per_head[..., 0] = True  # no empty row, as the function asks
     shared = np.arange(length)[None, None, None, :] <= 5
     assert_matches_grouped_attention(
-        attention_kernels.torch_one_query_attention, query, key, value, (per_head, shared, None)
+        attention.one_query_attention, query, key, value, (per_head, shared, None)
     )

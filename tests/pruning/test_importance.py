@@ -217,7 +217,7 @@ def test_batches_reads_sample_weights_and_dicts():
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="the jit cache is JAX's")
 def test_jax_compiles_the_gate_loss_once_per_model_and_loss(data):
     """Every `head_importance` call (one per `HeadPruning` step) reused to recompile."""
-    from keras_mha.pruning.gate_gradients import _cached_jax_functions
+    from keras_mha.backends.jax.gradients import cached_functions
 
     keras.utils.set_random_seed(2)
     model = compiled(functional_model())
@@ -227,10 +227,10 @@ def test_jax_compiles_the_gate_loss_once_per_model_and_loss(data):
     for path in first:
         np.testing.assert_array_equal(first[path], second[path])
     gates = [layer.head_gates for layer in find_attention_layers(model).values()]
-    loss_of_gates, value_and_grad = _cached_jax_functions(model, gates, resolve_loss(model, None))
+    loss_of_gates, value_and_grad = cached_functions(model, gates, resolve_loss(model, None))
     assert value_and_grad._cache_size() == 1  # One trace for two calls of one shape.
     head_importance(model, (x[:8], y[:8]), method="ablation", batch_size=8)
     assert loss_of_gates._cache_size() == 1
     # Another loss is another function: nothing stale is reused for it.
-    other, _ = _cached_jax_functions(model, gates, resolve_loss(model, "mse"))
+    other, _ = cached_functions(model, gates, resolve_loss(model, "mse"))
     assert other is not loss_of_gates

@@ -1,35 +1,20 @@
-"""Decode steps compiled the way each backend serves them; the backend is picked here.
+"""PyTorch's decode steps: eager calls under `torch.no_grad()`, or `torch.compile`.
 
-`compile_decode_step(owner, forward)` turns `forward(inputs, mask, caches, index) ->
-(outputs, caches)`, a layer's or a model's call on its KV caches, into the step that
-each backend decodes with, as keras-hub's `CausalLM.make_generate_function` does for
-its models, so that the layers and models hold no backend branch of their own:
-
-- JAX: `jax.jit`, `owner`'s variables passed in (`keras.StatelessScope`), the caches
-  donated so that XLA updates them in place (`step.lower(inputs, mask, caches, index)`
-  gives the lowering, e.g. to read the optimised HLO);
-- TensorFlow: `tf.function(jit_compile=True)`; variable caches
-  (`init_cache(..., variables=True)`) are assigned in place and kept out of the
-  function's outputs (a returned variable comes back as a copy);
-- PyTorch: eager calls under `torch.no_grad()` (the caches written in place), or
-  `torch.compile` with `compile_torch=True`, static graphs (`dynamic=False`, or one
-  step per tensor signature). A layer's compiled step traces `layer.call` itself where
-  Keras's `Layer.__call__` would add nothing (`eager_decode.keras_call_adds_nothing`),
-  and its decode function reuses the last such step for the same cache and query shape.
-
-The index is an int32 tensor to the compiled steps (a 0-d tensor under
-`torch.compile`), so one compiled step serves every position; a step made with
-`static_index=True` is a prefill at position 0, which keeps the fused causal kernels.
-
-`GroupedQueryAttention.make_decode_function` is `layer_decode_function`, and
-`keras_mha.models.generate` compiles its prefill and step with `compile_decode_step`.
+`compile_decode_step` (see `keras_mha.backends.steps` for what every backend shares)
+runs `forward` eagerly with autograd off, the caches written in place, or with
+`compile_torch=True` under `torch.compile`, static graphs (`dynamic=False`, or one step
+per tensor signature). A layer's compiled step traces `layer.call` itself where Keras's
+`Layer.__call__` would add nothing (`eager_decode.keras_call_adds_nothing`), and its
+decode function (`layer_decode_function`) reuses the last such step for the same cache
+and query shape. The index is a 0-d int32 tensor to a compiled step, so one graph serves
+every position.
 
 Example:
     >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
     >>> layer.build((None, None, 64))
     >>> prompt = keras.random.normal((1, 5, 64))
     >>> decode = layer_decode_function(layer)
-    >>> cache = layer.init_cache(1, 64, variables=keras.backend.backend() == "tensorflow")
+    >>> cache = layer.init_cache(1, 64)
     >>> output, cache = decode(prompt, cache, 0)
     >>> output, cache = decode(output[:, -1:], cache, prompt.shape[1])
     >>> tuple(output.shape)
@@ -42,10 +27,11 @@ import functools
 import types
 
 import keras
-import numpy as np
-from keras.src.backend import get_autocast_scope, in_stateless_scope
+import torch
 
-from keras_mha.layers import eager_decode, kv_cache
+from keras_mha.backends import steps
+from keras_mha.backends.torch import eager_decode
+from keras_mha.layers import kv_cache
 
 
 def compile_decode_step(
@@ -60,112 +46,27 @@ def compile_decode_step(
     guard_tensors_only=False,
     one_signature=False,
 ):
-    """`step(inputs, mask, caches, index) -> (outputs, caches)`: `forward` compiled here.
-
-    Args:
-        owner: the layer or model whose variables `forward` reads (JAX passes them in).
-        forward: `forward(inputs, mask, caches, index) -> (outputs, caches)`.
-        static_index: a prefill: `forward` gets the Python int 0 whatever `index` is.
-        compile_torch: PyTorch: `torch.compile` the step instead of eager calls.
-        jit_compile: TensorFlow: compile with XLA (False: a plain `tf.function`).
-        eager_forward: PyTorch eager: called instead of `forward`.
-        on_trace: called whenever the step is traced (JAX, TensorFlow), once at
-            the first call under `torch.compile`.
-        guard_tensors_only: `torch.compile` checks only the tensors' shapes and dtypes
-            before each call, not the Python state `forward` read (as `jax.jit` and
-            `tf.function` do); only for a `forward` that compiles to one graph (Dynamo's
-            resumed frames after a graph break need their guards).
-        one_signature: `torch.compile`: the caller sends this step tensors of one shape,
-            stride, dtype and device only (it makes a step per signature), so Dynamo never
-            makes a dimension dynamic and `dynamic=False`, whose configuration patch costs
-            more than the Python of a whole small step at every call, is not needed.
+    """`forward` run eagerly with autograd off, or under `torch.compile` with
+    `compile_torch=True` (options: `keras_mha.backends.compile_decode_step`).
 
     Example:
         >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
         >>> _ = layer(keras.ops.ones((1, 4, 64)))
         >>> step = compile_decode_step(layer, lambda x, mask, cache, index: layer(
         ...     x, cache=cache, cache_index=index, attention_mask=mask))
-        >>> cache = layer.init_cache(1, 16, variables=keras.backend.backend() == "tensorflow")
-        >>> output, cache = step(keras.ops.ones((1, 1, 64)), None, cache, 7)
+        >>> output, cache = step(keras.ops.ones((1, 1, 64)), None, layer.init_cache(1, 16), 7)
         >>> tuple(output.shape)
         (1, 1, 64)
     """
     on_trace = on_trace or (lambda: None)
-
-    def positioned(inputs, mask, caches, index):
-        return forward(inputs, mask, caches, 0 if static_index else index)
-
-    def traced(inputs, mask, caches, index):  # runs once per trace under jit / tf.function
-        on_trace()
-        return positioned(inputs, mask, caches, index)
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        return _jax_step(owner, traced)
-    if backend == "tensorflow":
-        return _tensorflow_step(traced, jit_compile)
     if compile_torch:
         # Dynamo replays Python side effects at every call: `on_trace` stays outside.
-        return _compiled_torch_step(positioned, on_trace, guard_tensors_only, one_signature)
+        forward = steps.positioned(forward, static_index)
+        return _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature)
     return _eager_torch_step(eager_forward or forward, static_index)
 
 
-def _jax_step(owner, traced):
-    import jax
-
-    def stateless(variables, inputs, mask, caches, index):
-        mapping = list(zip(owner.variables, variables, strict=True))
-        with keras.StatelessScope(state_mapping=mapping):
-            return traced(inputs, mask, caches, index)
-
-    compiled = jax.jit(stateless, donate_argnums=(3,))
-
-    def arguments(inputs, mask, caches, index):
-        index = np.int32(index) if _is_int(index) else index
-        return _values(owner.variables), inputs, mask, caches, index
-
-    def step(inputs, mask, caches, index):
-        return compiled(*arguments(inputs, mask, caches, index))
-
-    # `step.lower(...).compile().as_text()`: the optimised HLO, to check what XLA copies.
-    step.lower = lambda *args: compiled.lower(*arguments(*args))
-    return step
-
-
-def _values(variables):
-    """The variables' arrays, as `.value` gives them (which costs ~8 us a variable on JAX).
-
-    Outside a stateless or autocast scope, that is the stored array itself.
-    """
-    if in_stateless_scope() or get_autocast_scope() is not None:
-        return [variable.value for variable in variables]
-    return [
-        variable.value if v is None else v for variable in variables for v in (variable._value,)
-    ]
-
-
-def _tensorflow_step(traced, jit_compile):
-    import tensorflow as tf
-
-    def function(inputs, mask, caches, index):
-        outputs, new_caches = traced(inputs, mask, caches, index)
-        # Variable caches were written in place: returned, they would be copied out.
-        return outputs, () if kv_cache.all_in_place(caches) else new_caches
-
-    compiled = tf.function(function, jit_compile=jit_compile, reduce_retracing=False)
-
-    def step(inputs, mask, caches, index):
-        mask = None if mask is None else tf.convert_to_tensor(mask)
-        index = tf.constant(index, tf.int32) if _is_int(index) else index
-        outputs, new_caches = compiled(tf.convert_to_tensor(inputs), mask, caches, index)
-        return outputs, caches if kv_cache.all_in_place(caches) else new_caches
-
-    return step
-
-
 def _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature):
-    import torch
-
     # Python ints would be specialised (a graph per position): the index is a tensor.
     # Checking every Python attribute a Keras call reads cost more than the step
     # (measured), hence `guard_tensors_only`. Autograd is switched off outside the graph.
@@ -187,7 +88,7 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature):
         if first_call[0]:
             first_call[0] = False
             on_trace()
-        if _is_int(index):
+        if steps.is_int(index):
             index = _index_tensor(int(index))
         # NumPy in a compiled frame fails inside Dynamo: converted here, as Keras would.
         if not isinstance(inputs, torch.Tensor):
@@ -203,8 +104,6 @@ def _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature):
 @functools.lru_cache(maxsize=1 << 16)
 def _index_tensor(index):
     """The 0-d int32 tensor of a position, made once: graphs only read it."""
-    import torch
-
     return torch.tensor(index, dtype=torch.int32)
 
 
@@ -226,8 +125,6 @@ def _without_autograd(function):
     """`function`, called with autograd off: what `torch.no_grad()` does, without its
     context-manager wrapper, which cost 3x as much as switching the mode (about a fused
     kernel launch per step)."""
-    import torch
-
     set_grad_enabled = torch._C._set_grad_enabled
 
     def call(*args):
@@ -248,14 +145,11 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
         >>> layer = GroupedQueryAttention(8, 2, head_dim=16, causal=True)
         >>> layer.build((None, None, 64))
         >>> decode = layer_decode_function(layer)
-        >>> cache = layer.init_cache(1, 16, variables=keras.backend.backend() == "tensorflow")
-        >>> output, cache = decode(keras.ops.ones((1, 3, 64)), cache, 0)
+        >>> output, cache = decode(keras.ops.ones((1, 3, 64)), layer.init_cache(1, 16), 0)
         >>> tuple(output.shape)
         (1, 3, 64)
     """
-
-    def forward(query, mask, cache, index):
-        return layer(query, cache=cache, cache_index=index, attention_mask=mask)
+    forward = steps.layer_forward(layer)
 
     def eager_forward(query, mask, cache, index):
         # Keras's per-call bookkeeping costs about as much as the step itself; after one
@@ -283,7 +177,7 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
     prefill = compile_decode_step(layer, forward, static_index=True, **options)
     step = compile_decode_step(layer, forward, **options)
     checked_step = step
-    if compile_torch and keras.backend.backend() == "torch":
+    if compile_torch:
         checked_step = compile_decode_step(layer, checked_forward, **options)
     direct_steps = {}  # tensor signature -> a compiled step over `layer.call` for it
 
@@ -309,10 +203,10 @@ def layer_decode_function(layer, *, compile_torch=False, jit_compile=True):
             if run is not None:  # its tensors were converted then, as they are now
                 return run.run_tensors(query, None, cache, _index_tensor(cache_index))
         run = step
-        if _is_int(cache_index):
+        if steps.is_int(cache_index):
             if cache_index == 0:
                 run = prefill
-            elif checked_step is not step and _check_write(query, cache, cache_index):
+            elif checked_step is not step and steps.check_write(query, cache, cache_index):
                 run = direct_step(query, attention_mask, cache, cache_index) or checked_step
                 if run is not checked_step and attention_mask is None:
                     last_direct[0] = eager_decode.remember_step(layer, query, cache, run)
@@ -330,22 +224,3 @@ def _tensor_signature(*tensors):
     """Shape, strides, dtype and device of each tensor (None stays None): what Dynamo's
     tensor guards compare."""
     return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-
-
-def _check_write(query, cache, index):
-    """Check writing `query` at the int `index` into `cache` as the layer would: raise its
-    overrun error, else True; False when they are not shaped as the layer takes them
-    (the layer's own checks then say so)."""
-    shape = getattr(query, "shape", None)
-    if shape is None or len(shape) != 3 or not isinstance(cache, (tuple, list)):
-        return False
-    if len(cache) != 2 or len(getattr(cache[0], "shape", ())) != 4:
-        return False
-    kv_cache.check_static_write(int(index), shape[1], kv_cache.KVCache(*cache).max_length)
-    return True
-
-
-def _is_int(index):
-    """A Python or NumPy int (converted to the backend's index here); not a bool, which
-    goes on as it is for the layer to refuse."""
-    return isinstance(index, (int, np.integer)) and not isinstance(index, bool)

@@ -10,7 +10,7 @@ calls the function registered here for the layer's exact class instead of its Ke
 order and dtypes, so the result is the same bit for bit (tested against the Keras
 path); a layer in a configuration it does not cover (LoRA, an activation on a Dense,
 a norm over several axes, mixed dtypes) goes to its `call`. The attention layers have
-their own eager step (`keras_mha.layers.eager_decode`). The activations, the norms'
+their own eager step (`keras_mha.backends.torch.eager_decode`). The activations, the norms'
 scaling and the block's residual sums and gated product (`add_into`, `multiply_into`)
 write into a tensor the step has just made: the same values, without allocating another
 tensor of the activations' size each time (docs/benchmarks.md says what that saves).
@@ -25,14 +25,11 @@ from __future__ import annotations
 import functools
 
 import keras
+import torch
 from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
-from keras_mha.layers import (
-    GroupedQueryAttention,
-    MultiHeadAttention,
-    MultiQueryAttention,
-    eager_decode,
-)
+from keras_mha.backends.torch import eager_decode
+from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 from keras_mha.models.blocks import RMSNorm
 from keras_mha.models.direct_calls import EagerCalls
 from keras_mha.models.supported import ACTIVATIONS
@@ -57,8 +54,6 @@ def dense(layer, inputs, training=None):
         or layer.activation is not keras.activations.linear
     ):
         return layer.call(inputs)
-    import torch
-
     kernel = _tensor(kernel)
     bias = None if layer.bias is None else _tensor(layer.bias)
     if kernel.dtype != inputs.dtype or (bias is not None and bias.dtype != inputs.dtype):
@@ -69,8 +64,6 @@ def dense(layer, inputs, training=None):
 
 def embedding(layer, inputs):
     """`keras.layers.Embedding.call`: a row lookup (ids are checked on entry)."""
-    import torch
-
     table = _tensor(layer.embeddings)
     if layer.lora_enabled or layer.quantization_mode is not None:
         return layer.call(inputs)
@@ -79,8 +72,6 @@ def embedding(layer, inputs):
 
 def rms_norm(layer, inputs):
     """`RMSNorm.call` in torch ops."""
-    import torch
-
     x = inputs.to(torch.float32)
     x = x * torch.rsqrt(torch.mean(torch.square(x), dim=-1, keepdim=True) + layer.epsilon)
     # `x` is new here (not `inputs`): the scaling is written into it.
@@ -95,7 +86,6 @@ def layer_norm(layer, inputs):
     float32 (Keras's torch path), cast back."""
     if layer.rms_scaling or list(layer.axis) not in ([-1], [inputs.ndim - 1]):
         return layer.call(inputs)
-    import torch
 
     def float32(variable):
         return None if variable is None else _tensor(variable).to(torch.float32)
@@ -174,8 +164,6 @@ def activation(function_name, arguments):
         >>> activation("gelu", {"approximate": True})(torch.zeros(2))  # doctest: +SKIP
         tensor([0., 0.])
     """
-    import torch
-
     functional = torch.nn.functional
     if function_name == "silu":
         return lambda x: functional.silu(x, inplace=not x.requires_grad)
@@ -202,7 +190,6 @@ def eager_calls() -> EagerCalls | None:
 
 @functools.cache
 def _eager_calls() -> EagerCalls:
-    # torch is imported here, on first use, not when another backend imports the models.
     activations = {name: activation(*entry) for name, entry in ACTIVATIONS.items()}
     return EagerCalls(
         layers=LAYER_CALLS,

@@ -49,7 +49,7 @@ LAYERS = {
 def test_each_layer_call_equals_keras(kind, dtype):
     import torch
 
-    from keras_mha.models.eager_torch import LAYER_CALLS
+    from keras_mha.backends.torch.model_calls import LAYER_CALLS
 
     layer = _randomised(_built(LAYERS[kind](dtype), (None, None, 16)), seed=1)
     inputs = keras.ops.convert_to_tensor(
@@ -66,7 +66,7 @@ def test_each_layer_call_equals_keras(kind, dtype):
 def test_embedding_and_activations_equal_keras():
     import torch
 
-    from keras_mha.models.eager_torch import LAYER_CALLS, eager_calls
+    from keras_mha.backends.torch.model_calls import LAYER_CALLS, eager_calls
 
     table = _randomised(_built(keras.layers.Embedding(50, 8), (None, None)), seed=3)
     ids = keras.ops.convert_to_tensor(np.array([[0, 49, 7]], dtype="int32"))
@@ -86,7 +86,7 @@ def test_embedding_and_activations_equal_keras():
 def test_layers_outside_what_the_fast_calls_cover_keep_their_keras_call():
     import torch
 
-    from keras_mha.models.eager_torch import dense
+    from keras_mha.backends.torch.model_calls import dense
 
     layer = _randomised(_built(keras.layers.Dense(4, activation="tanh"), (None, 16)), seed=4)
     inputs = keras.ops.ones((2, 16))
@@ -112,7 +112,7 @@ def test_a_models_prefill_and_step_equal_the_keras_path(
 ):
     import torch
 
-    from keras_mha.models.eager_torch import LAYER_CALLS, eager_calls
+    from keras_mha.backends.torch.model_calls import LAYER_CALLS, eager_calls
     from tests.models_checkpoints import loaded
 
     _, model = loaded(tmp_path_factory, case)
@@ -152,7 +152,7 @@ def _leaves(caches):
 
 
 def test_no_eager_calls_inside_a_keras_scope():
-    from keras_mha.models.eager_torch import eager_calls
+    from keras_mha.backends.torch.model_calls import eager_calls
 
     assert eager_calls() is not None
     with keras.StatelessScope():

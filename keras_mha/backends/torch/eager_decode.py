@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import weakref
 
-import keras
 import numpy as np
+import torch
 from keras.src.backend.common import global_state
 
+from keras_mha.backends.torch import attention
 from keras_mha.layers import (
     attention_kernels,
     attention_paths,
@@ -56,11 +57,10 @@ def applies(layer, inputs, cache, start, options):
         start: the Python int behind a `cache_index`, None when traced or absent.
         options: the call's `attention_paths.AttentionOptions`.
     """
-    if start is None or not options.use_fused or keras.backend.backend() != "torch":
+    if start is None or not options.use_fused:
         return False
     if layer.quantization_mode is not None:
         return False  # `step` reads float kernels; Keras's quantized Dense layers run instead
-    torch = _torch()
     if torch.compiler.is_compiling() or inputs.query_mask is not None:
         return False
     if layer.sliding_window is not None and not options.causal:
@@ -131,7 +131,6 @@ def warm_step(layer, query, cache, cache_index):
 
 def _nothing_else_switched_on(layer):
     """What `warm_step` checks of torch and Keras beyond `last_step` (see there)."""
-    torch = _torch()
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
     return not attention_probe.is_recording(layer) and not _on_meta_device()
@@ -240,9 +239,6 @@ def can_skip_keras_call(layer, query, cache, cache_index, attention_mask):
         ...     can_skip_keras_call(layer, token, cache, 5, None)
         True
     """
-    if keras.backend.backend() != "torch":
-        return False
-    torch = _torch()
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
     return keras_call_adds_nothing(layer, query, cache, cache_index, attention_mask)
@@ -256,7 +252,6 @@ def keras_call_adds_nothing(layer, query, cache, cache_index, attention_mask):
         >>> keras_call_adds_nothing(layer, token, cache, 5, None)  # doctest: +SKIP
         True
     """
-    torch = _torch()
     if not isinstance(query, torch.Tensor) or getattr(query, "_keras_mask", None) is not None:
         return False
     if type(cache) not in (tuple, list, kv_cache.KVCache) or len(cache) != 2:
@@ -311,7 +306,7 @@ def no_call_machinery(layer):
 
 def _has_hooks(layer):
     """Torch module hooks on `layer`, or global ones."""
-    module = _torch().nn.modules.module
+    module = torch.nn.modules.module
     return bool(
         layer._forward_hooks
         or layer._forward_pre_hooks
@@ -396,7 +391,6 @@ def _projection_matrices(layer, read):
 
 
 def _rms_norm(layer, heads, scale):
-    torch = _torch()
     x = heads.float()
     x = x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + layer.qk_norm_epsilon)
     return (x * scale.float()).to(heads.dtype)
@@ -404,7 +398,6 @@ def _rms_norm(layer, heads, scale):
 
 def _rope(layer, tensors, start):
     """Rotate `tensors` `(B, T, heads, D)` at positions `start ..`, as `RotaryEmbedding`."""
-    torch = _torch()
     rope = layer.rotary_embedding
     head_dim = tensors[0].shape[-1]
     rotary_dim = rope.rotary_dim(head_dim)
@@ -439,7 +432,6 @@ def _rotation(frequencies, inv_freq, start, tensor):
     angles of the last call are kept per (frequencies, device) and reused by the next
     layers instead of being computed once per layer.
     """
-    torch = _torch()
     device, length = tensor.device, tensor.shape[1]
     key = (frequencies, device)
     last = _ANGLES.get(key)
@@ -490,7 +482,7 @@ def step(layer, query, cache, start, attention_mask, options, read=None):
     if length == 1 and attention_mask is None:
         # A lone query sees the whole written prefix (a view): no mask at all.
         first, _ = attention_paths.visible_prefix(start, 1, layer.sliding_window, options.causal)
-        attended = attention_kernels.torch_one_query_attention(
+        attended = attention.one_query_attention(
             q, cache.key[:, :, first:stop], cache.value[:, :, first:stop], None, scale=options.scale
         )
     else:
@@ -500,7 +492,6 @@ def step(layer, query, cache, start, attention_mask, options, read=None):
 
 def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
     """Attention of `length` queries at `start ..`, or of one query under a mask."""
-    torch = _torch()
     batch, length = q.shape[0], q.shape[1]
     causal, window = options.causal, layer.sliding_window
     if start == 0 and length > 1 and causal and attention_mask is None and window is None:
@@ -551,10 +542,6 @@ def _output(layer, attended, batch, length, read, matrix):
     return output.view(batch, length, -1)
 
 
-def _torch():
-    return attention_kernels.backend_module("torch")
-
-
 # layer -> (its head_gates tensor, that tensor's in-place version and data pointer,
 # whether every gate is 1).
 _GATES_ALL_ONES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -572,9 +559,6 @@ def gates_are_ones(layer):
         >>> gates_are_ones(layer)  # doctest: +SKIP
         True
     """
-    if keras.backend.backend() != "torch":
-        return False
-    torch = _torch()
     state = _keras_state()
     if torch.compiler.is_compiling() or state.get("stateless_scope") is not None:
         return False
