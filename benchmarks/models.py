@@ -138,9 +138,9 @@ def scaled_config(config: dict, scale: int) -> dict:
 def check_sizes(config: dict, arguments, dtype: str) -> None:
     """Refuse a prompt and new tokens past the card's positions, or a batch whose memory
     exceeds the device's (and, with transformers beside, this machine's RAM)."""
-    from keras_mha.cards.spec import from_config
     from keras_mha.errors import UsageError
     from keras_mha.models.limits import check_memory, device_memory, host_memory
+    from keras_mha.planning.spec import from_config
 
     length = arguments.prompt_length + arguments.new_tokens
     positions = config.get("max_position_embeddings")

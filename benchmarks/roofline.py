@@ -7,7 +7,7 @@ this machine's CPU.
 2. Runs `keras-mha bench model` (a scaled Llama-3.2-1B in float32 by default, batch 1, no
    transformers) on the current Keras backend for its decode tokens/s.
 3. Computes the planner's bound for the same config on a "device" with the measured
-   bandwidth and peak (`keras_mha.cards.planner.speed`), at the mean context of the
+   bandwidth and peak (`keras_mha.planning.planner.speed`), at the mean context of the
    decode (prompt + half the new tokens), float32 weights and KV cache.
 
 It prints the three figures and `measured / bound`: the share of the bandwidth roofline
@@ -47,11 +47,11 @@ def matmul_flops(size: int = MATMUL_SIZE, repeats: int = 5) -> float:
 
 def bound(config: dict, *, bandwidth: float, flops: float, batch: int, seq_len: int):
     """The planner's `SpeedBounds` for `config` on a CPU of this bandwidth and peak."""
-    from keras_mha.cards.planner.gpus import GPU
-    from keras_mha.cards.planner.quantization import dtype_format
-    from keras_mha.cards.planner.serving import ServingModel
-    from keras_mha.cards.planner.speed import speed_bounds
-    from keras_mha.cards.spec import from_config
+    from keras_mha.planning.planner.gpus import GPU
+    from keras_mha.planning.planner.quantization import dtype_format
+    from keras_mha.planning.planner.serving import ServingModel
+    from keras_mha.planning.planner.speed import speed_bounds
+    from keras_mha.planning.spec import from_config
 
     spec = from_config(config)
     cpu = GPU("this CPU", 2**40, "measured", (), round(bandwidth), flops, None, "float32",

@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     arguments = build_parser().parse_args(argv)
-    from keras_mha.cards.planner.gpus import find_gpu
     from keras_mha.errors import RepositoryNotFoundError, UsageError
     from keras_mha.hub.bundled import bundled_config_path
+    from keras_mha.planning.planner.gpus import find_gpu
 
     if arguments.repeat < 1 or arguments.transformers_repeat < 1:
         raise UsageError("--repeat and --transformers-repeat must be >= 1", key="--repeat")

@@ -41,8 +41,8 @@ import keras
 import numpy as np
 
 from keras_mha.commands import prune as prune_command
-from keras_mha.commands.prune_data import encoder_sentences, load_tokenizer, read_text
 from keras_mha.commands.prune_report import mean_pooled_embeddings, measure, paired_latency_ms
+from keras_mha.data.text import encoder_sentences, load_tokenizer, read_text
 from keras_mha.models import from_pretrained, save_pretrained
 from keras_mha.pruning import heads_to_prune, prune_heads
 
@@ -161,7 +161,8 @@ def main(argv=None):
     print(f"\nload average at the end: {_load_average()}\n")
     print(
         "| heads chosen by | removed | heads left | mean cosine to original | min cosine | "
-        "parameters (Keras) | attention FLOPs / token | latency original → pruned (ms) | "
+        f"parameters (Keras) | attention FLOPs / token at {data.token_ids.shape[1]} tokens | "
+        "latency original → pruned (ms) | "
         "pruned / original latency | scoring (s) | transformers vs Keras embeddings, max abs |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")

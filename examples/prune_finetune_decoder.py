@@ -36,8 +36,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from keras_mha.commands.prune_data import decoder_windows, load_tokenizer
 from keras_mha.commands.prune_report import perplexity
+from keras_mha.data.text import decoder_windows, load_tokenizer
 from keras_mha.models import from_pretrained, save_pretrained
 from keras_mha.pruning import HeadPruning, find_attention_layers, prune_heads
 

@@ -11,11 +11,13 @@ Example:
     True
 """
 
-from keras_mha import moved_paths
+from keras_mha import backend_choice, moved_paths
 from keras_mha.version import __version__
 
 # The module paths that moved in 0.3 keep importing, with a DeprecationWarning.
 moved_paths.install()
+# Before the first `import keras`: a backend that is installed, or one line saying none is.
+backend_choice.install()
 
 # Names resolved lazily (PEP 562) so `import keras_mha` never imports keras.
 _LAZY_LAYER_EXPORTS = (
@@ -39,7 +41,7 @@ def __getattr__(name):
 
         return getattr(layers, name)
     if name in _LAZY_PLAN_EXPORTS:
-        from keras_mha.cards import plan
+        from keras_mha.planning import plan
 
         return getattr(plan, name)
     if name in _LAZY_FUNCTION_EXPORTS:

@@ -41,7 +41,6 @@ import os
 import sys
 import warnings
 
-from keras_mha import moved_paths
 from keras_mha.commands import bench, cards, compare, convert, gpus, heads, inspect, prune
 from keras_mha.commands.arguments import ArgumentParser
 from keras_mha.commands.output import (
@@ -251,11 +250,6 @@ def _debug_traceback(debug: bool, secrets) -> None:
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):
         pass
-
-
-def __getattr__(name):
-    # write_stdout and parse_seq_lens moved to keras_mha.commands (output, inspect).
-    return moved_paths.moved_attribute(__name__, name)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,19 @@
-"""Import paths that moved in keras-mha 0.3, kept working for one release with a warning.
+"""Import paths that moved in keras-mha 0.4, kept working for one release with a warning.
 
-`MOVED_MODULES` maps each old module path to its new one: `import keras_mha.cards.hub`
+`MOVED_MODULES` maps each old module path to its new one: `import keras_mha.cards.spec`
 still works, warns once (`DeprecationWarning` naming the new path) and gives the new
-module itself, so `keras_mha.cards.hub.load_config is keras_mha.hub.load_config`.
-`MOVED_NAMES` does the same for names a package or module exported
-(`from keras_mha.cards import load_config`); the module's `__getattr__` calls
-`moved_attribute`. Both tables are removed in keras-mha 0.4; import from the new paths.
+module itself, so `keras_mha.cards.spec.from_config is keras_mha.planning.spec.from_config`.
+`MOVED_NAMES` does the same for names a module exported that now live in another
+module; the old module's `__getattr__` calls `moved_attribute`. Both tables are removed
+in keras-mha 0.5; import from the new paths.
 
 Example:
     >>> import warnings
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
-    ...     from keras_mha.cards import load_config
-    >>> str(caught[0].message).split(";")[0]
-    'keras_mha.cards.load_config moved to keras_mha.hub.load_config'
+    ...     from keras_mha.cards.costs import kv_cache_cost
+    >>> str(caught[-1].message).split(";")[0]
+    'keras_mha.cards.costs moved to keras_mha.planning.costs'
 """
 
 from __future__ import annotations
@@ -23,39 +23,37 @@ import sys
 import warnings
 from importlib.machinery import ModuleSpec
 
-REMOVED_IN = "0.4"
+REMOVED_IN = "0.5"
+
+# The 0.3 package `keras_mha.cards` (spec, costs, planner, reports) is `keras_mha.planning`;
+# its `rendering/` is `render/`. `keras-mha cards` and the repository's `cards/` keep the name.
+_PLANNING_MODULES = (
+    "", ".config_values", ".costs", ".errors", ".plan", ".spec",
+    ".planner", ".planner.devices", ".planner.gpus", ".planner.inventory", ".planner.memory",
+    ".planner.placement", ".planner.quantization", ".planner.serving", ".planner.speed",
+    ".planner.suggestions", ".planner.units",
+)  # fmt: skip
+_RENDER_MODULES = ("", ".formatting", ".memory_report", ".report", ".text")
 
 MOVED_MODULES = {
-    "keras_mha.cards.hub": "keras_mha.hub.config",
-    "keras_mha.cards.hub_cache": "keras_mha.hub.cache",
-    "keras_mha.cards.hub_fetch": "keras_mha.hub.fetch",
-    "keras_mha.cards.hub_files": "keras_mha.hub.files",
-    "keras_mha.cards.hub_inputs": "keras_mha.hub.inputs",
-    "keras_mha.cards.bundled": "keras_mha.hub.bundled",
-    "keras_mha.cards.config_json": "keras_mha.hub.config_json",
-    "keras_mha.cards.memory": "keras_mha.cards.planner.memory",
-    "keras_mha.cards.gpus": "keras_mha.cards.planner.gpus",
-    "keras_mha.cards.units": "keras_mha.cards.planner.units",
-    "keras_mha.cards.report": "keras_mha.cards.rendering.report",
-    "keras_mha.cards.memory_report": "keras_mha.cards.rendering.memory_report",
-    "keras_mha.cards.families": "keras_mha.families",
-    "keras_mha.cards.rebuild": "keras_mha.models.rebuild",
-    "keras_mha.cards.checkpoint_weights": "keras_mha.models.checkpoint_weights",
-}
+    **{f"keras_mha.cards{name}": f"keras_mha.planning{name}" for name in _PLANNING_MODULES},
+    **{f"keras_mha.cards.rendering{name}": f"keras_mha.planning.render{name}"
+       for name in _RENDER_MODULES},
+    # Library code that lived in the command-line folder; `commands/` is the CLI only now.
+    "keras_mha.commands.prune_data": "keras_mha.data.text",
+    "keras_mha.commands.progress": "keras_mha.progress",
+}  # fmt: skip
 
 # module -> {name: the module that holds it now}
 MOVED_NAMES = {
-    "keras_mha.cards": {
-        "LoadedConfig": "keras_mha.hub",
-        "bundled_config_path": "keras_mha.hub",
-        "list_bundled": "keras_mha.hub",
-        "load_config": "keras_mha.hub",
-        "build_attention": "keras_mha.models",
-        "load_attention_weights": "keras_mha.models",
+    "keras_mha.planning.render.memory_report": {
+        "MemoryRequest": "keras_mha.planning.planner.request",
+        "plan_format": "keras_mha.planning.planner.request",
     },
-    "keras_mha.cli": {
-        "parse_seq_lens": "keras_mha.commands.inspect",
-        "write_stdout": "keras_mha.commands.output",
+    "keras_mha.planning.render.report": {
+        "DEFAULT_SEQ_LEN_CAP": "keras_mha.planning.plan",
+        "context_length": "keras_mha.planning.plan",
+        "default_seq_len": "keras_mha.planning.plan",
     },
 }
 
@@ -68,31 +66,15 @@ def _warn(old: str, new: str, stacklevel: int) -> None:
     )
 
 
-def warn_rebuilt(old: str, new: str) -> None:
-    """The warning of an old module kept as a file because it rebuilds its 0.2 tables from
-    the new modules (`keras_mha.cards.family_defaults`, `keras_mha.models.families`), or of
-    such a rebuilt name; `new` says where the data lives now.
-
-    Example:
-        >>> import warnings
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     warn_rebuilt("keras_mha.cards.family_defaults", "keras_mha.families")
-        >>> str(caught[0].message).split(";")[0]
-        'keras_mha.cards.family_defaults moved to keras_mha.families'
-    """
-    _warn(old, new, stacklevel=3)
-
-
 def moved_attribute(module_name: str, name: str):
     """`getattr` for a name that moved out of `module_name`: warn and return it from its new
     module; AttributeError (as Python words it) for any other name.
 
     Example:
-        >>> moved_attribute("keras_mha.cards", "no_such_name")
+        >>> moved_attribute("keras_mha.hub", "no_such_name")
         Traceback (most recent call last):
         ...
-        AttributeError: module 'keras_mha.cards' has no attribute 'no_such_name'
+        AttributeError: module 'keras_mha.hub' has no attribute 'no_such_name'
     """
     new_module = MOVED_NAMES.get(module_name, {}).get(name)
     if new_module is None:
@@ -103,7 +85,9 @@ def moved_attribute(module_name: str, name: str):
 
 class _MovedModuleFinder:
     """Finds the old module paths (nothing exists at them any more) and loads each as its
-    new module. Appended to `sys.meta_path`, so it is asked only after the real files."""
+    new module. First on `sys.meta_path`: an old path inside a moved package
+    (`keras_mha.cards.planner`) would otherwise be found again, as a second copy of the new
+    module, through the package's `__path__`. It answers for the old paths only."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in MOVED_MODULES:
@@ -130,4 +114,4 @@ def install() -> None:
         1
     """
     if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
-        sys.meta_path.append(_MovedModuleFinder())
+        sys.meta_path.insert(0, _MovedModuleFinder())

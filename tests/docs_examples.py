@@ -29,7 +29,7 @@ An HTML comment on the line before a block changes how it runs:
 
 A block needs a Keras backend, and so runs in every leg of the test command, when it runs
 keras: a python block that mentions `keras` other than through `import keras_mha`,
-`keras_mha.cards`, `.families`, `.hub`, `.errors` or `.plan`; a command that runs `python` or
+`keras_mha.planning`, `.families`, `.hub`, `.errors` or `.plan`; a command that runs `python` or
 `keras-mha prune|bench|heads|convert`.
 Every other block runs once, in the leg of the backend-independent tests.
 

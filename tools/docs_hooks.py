@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- generated: ([\w-]+)(?: ([\w.]+))? -->$", re.M)
 CARD_PAGES = "reference/cards"
-# Where the `--gpu` table lives, newest layout first (issue 16 moves the planner).
-GPU_TABLE_MODULES = ("keras_mha.cards.planner.gpus", "keras_mha.cards.gpus")
+# Where the `--gpu` table lives.
+GPU_TABLE_MODULE = "keras_mha.planning.planner.gpus"
 # Width argparse wraps usage lines at, so the page does not depend on the terminal.
 USAGE_COLUMNS = "88"
 
@@ -187,10 +187,7 @@ def exit_codes() -> str:
 
 # ----------------------------------------------------------------------------- GPUs
 def _gpu_module():
-    for name in GPU_TABLE_MODULES:
-        with contextlib.suppress(ModuleNotFoundError):
-            return importlib.import_module(name)
-    raise ModuleNotFoundError(f"none of {GPU_TABLE_MODULES} holds the GPU table")
+    return importlib.import_module(GPU_TABLE_MODULE)
 
 
 def _gpu_value(field: str, value: object) -> str:
@@ -327,7 +324,7 @@ def _public_names(module_name: str) -> list[str]:
 
 def _owner(name: str, defined_in: str, pages: dict[str, str]) -> str | None:
     """The API page that documents `name`: the deepest page module it is defined under
-    that also exports it (`keras_mha.plan` lives under `keras_mha.cards`, which does not
+    that also exports it (`keras_mha.plan` lives under `keras_mha.planning`, which does not
     export it, so `keras_mha`'s page documents it)."""
     candidates = [
         m

@@ -5,7 +5,7 @@ Data comes as `head_importance` and `keras-mha prune --data` take it:
 - text (a `str`) with the model's tokenizer: encoders read it as sentences, each
   `[CLS] ... [SEP]`, padded per batch; decoders as windows of `seq_len` tokens of the
   running text, each starting with the tokenizer's BOS if it has one
-  (`keras_mha.commands.prune_data`);
+  (`keras_mha.data.text`);
 - token ids: `{"token_ids": (N, T), "padding_mask": (N, T)}`, a bare `(N, T)` array,
   an `(x, y)` tuple (the labels are ignored), or an iterable of such batches
   (`keras_mha.pruning.batches.Batches`).
@@ -75,7 +75,7 @@ def model_tokenizer(model, tokenizer, argument="tokenizer"):
     Raises:
         UsageError: no tokenizer given and the model was not loaded from a folder with one.
     """
-    from keras_mha.commands.prune_data import TOKENIZER_FILE_NAME, load_tokenizer
+    from keras_mha.data.text import TOKENIZER_FILE_NAME, load_tokenizer
 
     if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
         return tokenizer
@@ -88,10 +88,18 @@ def model_tokenizer(model, tokenizer, argument="tokenizer"):
                 "the path of a tokenizer.json) to read text",
                 key=argument,
             )
-        return load_tokenizer(directory)
+        return load_tokenizer(directory, **_reading_text(argument))
     path = Path(tokenizer)
     folder = path.parent if path.name == TOKENIZER_FILE_NAME else path
-    return load_tokenizer(folder, argument=argument)
+    return load_tokenizer(folder, argument=argument, **_reading_text(argument))
+
+
+def _reading_text(argument: str) -> dict:
+    """How `load_tokenizer`'s errors name what it reads: `heads --text`, or `head_roles`'s
+    `data` (the flag or argument that names the tokenizer tells which)."""
+    if argument.startswith("--"):
+        return {"reads": "--text", "extra": "heads", "instead": f"pass {argument} FILE"}
+    return {"reads": "data", "extra": "heads", "instead": f"pass {argument}="}
 
 
 def checkpoint_tokenizer(model):
@@ -101,7 +109,7 @@ def checkpoint_tokenizer(model):
         >>> checkpoint_tokenizer(keras.Sequential()) is None  # doctest: +SKIP
         True
     """
-    from keras_mha.commands.prune_data import TOKENIZER_FILE_NAME, load_tokenizer
+    from keras_mha.data.text import TOKENIZER_FILE_NAME, load_tokenizer
 
     directory = getattr(model, "source_directory", None)
     if directory is None or not (Path(directory) / TOKENIZER_FILE_NAME).is_file():
@@ -159,7 +167,7 @@ def text_batches(
     """`[(token_ids, padding_mask)]` of `text`: sentences for encoders, `seq_len` windows for
     decoders. Without `pads` (a model that takes no padding mask) every encoder batch is
     one sentence, unpadded."""
-    from keras_mha.commands import prune_data
+    from keras_mha.data import text as text_data
 
     if not text.strip():
         raise UsageError(
@@ -167,13 +175,13 @@ def text_batches(
             key=argument,
         )
     if causal:
-        ids = prune_data.decoder_windows(
+        ids = text_data.decoder_windows(
             tokenizer, text, seq_len, max_tokens, argument=argument
         ).inputs
         masks = np.ones_like(ids, dtype=bool)
         bounds = [(s, s + batch_size) for s in range(0, len(ids), batch_size)]
         return [(ids[a:b], masks[a:b]) for a, b in bounds]
-    sentences = prune_data.encoder_sentences(
+    sentences = text_data.encoder_sentences(
         tokenizer, text, seq_len, max_tokens, argument=argument, min_sentences=1
     )
     if not pads:

@@ -49,7 +49,7 @@ def attention_examples(model, tokenizer, text, *, causal, count=PAGE_SENTENCES):
     """
     from keras_mha.analysis.calls import model_inputs, takes_padding_mask
     from keras_mha.analysis.recording import record_attention
-    from keras_mha.commands.prune_data import prefix_tokens, split_sentences
+    from keras_mha.data.text import prefix_tokens, split_sentences
     from keras_mha.pruning.discovery import require_attention_layers
     from keras_mha.pruning.gate_gradients import no_gradient_tracking
 

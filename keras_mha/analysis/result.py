@@ -33,6 +33,7 @@ from keras_mha.analysis.roles import (
     SYNTACTIC_PREFIX,
     LayerRoles,
 )
+from keras_mha.planning.render.text import DEFAULT_WIDTH, wrap
 
 #: Colours of the roles in the pictures (Okabe-Ito, readable with colour blindness).
 ROLE_COLORS = {
@@ -272,27 +273,22 @@ class HeadRoles:
             f"heads; {self.tokens:,} tokens in {self.sequences:,} sequences ({self.backend})"
         )
 
-    def table(self):
-        """Plain-text tables: the role grid, heads per role, importance, survival, syntax.
+    def table(self, width=DEFAULT_WIDTH):
+        """Plain-text tables: the role grid, heads per role, importance, survival, syntax,
+        within `width` columns (`UNLIMITED`: `--wide`): a grid too wide for it continues in
+        blocks of heads, its layer column repeated; notes wrap.
 
         Example:
             >>> print(result.table())  # doctest: +SKIP
         """
         from keras_mha.safe_text import one_line
 
-        lines = [one_line(self.summary())]
+        lines = wrap(one_line(self.summary()), width, "", "  ")
         for title, header, rows, notes in self._sections():
-            widths = [
-                max(len(str(row[column])) for row in [header, *rows] if column < len(row))
-                for column in range(len(header))
-            ]
-            widths = [max(width, CELL_WIDTH - 1) for width in widths]
             lines += ["", title]
-            for row in [header, *rows]:
-                lines.append(
-                    "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
-                )
-            lines += [f"  {one_line(note)}" for note in notes]
+            lines += _columns_in_blocks([header, *rows], width)
+            for note in notes:
+                lines += wrap(one_line(note), width, "  ", "    ")
         return "\n".join(lines)
 
     def markdown(self):
@@ -301,7 +297,7 @@ class HeadRoles:
         Example:
             >>> print(result.markdown())  # doctest: +SKIP
         """
-        from keras_mha.cards.rendering.report import markdown_text as markdown_cell
+        from keras_mha.planning.render.report import markdown_text as markdown_cell
 
         lines = [f"# {markdown_cell(self.summary())}"]
         for title, header, rows, notes in self._sections():
@@ -315,6 +311,38 @@ class HeadRoles:
                 lines.append("")
                 lines += [f"- {markdown_cell(note)}" for note in notes]
         return "\n".join(lines)
+
+
+def _columns_in_blocks(rows, width):
+    """Rows of cells (the first column a label) as aligned lines within `width`: columns
+    one space apart in a layer x head grid (its cells are short labels, and 12 heads then
+    fit 80 columns), two otherwise; the columns after the first continue in further
+    blocks, each repeating the first column."""
+    count = max(len(row) for row in rows)
+    widths = [
+        max(CELL_WIDTH - 1, *(len(str(row[column])) for row in rows if column < len(row)))
+        for column in range(count)
+    ]
+    gap = " " if str(rows[0][0]) == "layer" else "  "
+    blocks, block, used = [], [], widths[0]
+    for column in range(1, count):
+        if block and used + len(gap) + widths[column] > width:
+            blocks.append(block)
+            block, used = [], widths[0]
+        block.append(column)
+        used += len(gap) + widths[column]
+    blocks.append(block)
+    lines = []
+    for number, block in enumerate(blocks):
+        if number:
+            lines.append("")
+        for row in rows:
+            cells = [str(row[0]).ljust(widths[0])] + [
+                str(row[column]).ljust(widths[column]) if column < len(row) else ""
+                for column in block
+            ]
+            lines.append(gap.join(cells).rstrip())
+    return lines
 
 
 __all__ = [

@@ -27,7 +27,7 @@ from keras_mha.analysis.data import checkpoint_tokenizer, is_causal, model_token
 from keras_mha.analysis.result import HeadRoles
 from keras_mha.analysis.roles import LayerRoles, assign_roles
 from keras_mha.analysis.statistics import HeadStatistics
-from keras_mha.commands.options import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
+from keras_mha.data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
 from keras_mha.errors import UsageError
 
 
@@ -94,7 +94,7 @@ def head_roles(
         {'previous-token': 2, 'first-token': 9, 'broad': 13, 'mixed': 48}
     """
     from keras_mha.analysis.recording import record_attention
-    from keras_mha.commands.progress import ProgressBar
+    from keras_mha.progress import ProgressBar
     from keras_mha.pruning.discovery import require_attention_layers
 
     layers = require_attention_layers(model)

@@ -132,7 +132,7 @@ def read_treebank(path, *, argument="--conllu"):
         raise MissingDependencyError(
             f"{argument} needs the `conllu` package: pip install 'keras-mha[heads]'"
         ) from error
-    from keras_mha.commands.prune_data import read_text
+    from keras_mha.data.text import read_text
 
     text = read_text(path, argument=argument)
     check_not_binary(text, path, argument)

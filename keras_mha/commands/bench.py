@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 from pathlib import Path
 
 import keras_mha
 from keras_mha.commands.arguments import one_line_argparse_errors
+from keras_mha.commands.options import BACKEND_EPILOG
 from keras_mha.commands.output import PROGRAM, print_error
 from keras_mha.errors import INTERRUPTED_EXIT_CODE, KerasMHAError, MissingDependencyError
 
@@ -123,6 +125,10 @@ def _not_installed(target: str) -> str:
 def _help(harness) -> str:
     names = "|".join(harness.BENCHMARKS)
     lines = [f"usage: {PROGRAM} bench [{names}] [ARGS...]", ""]
-    lines += [f"  {name:<8} {benchmark.help}" for name, benchmark in harness.BENCHMARKS.items()]
-    lines += ["", f"Run `{PROGRAM} bench NAME --help` for the options of each."]
+    for name, benchmark in harness.BENCHMARKS.items():
+        lines += textwrap.wrap(
+            benchmark.help, 80, initial_indent=f"  {name:<8} ", subsequent_indent=" " * 11
+        )
+    lines += ["", f"Run `{PROGRAM} bench NAME --help` for the options of each.", ""]
+    lines += textwrap.wrap(BACKEND_EPILOG.replace("keras-mha ...", f"{PROGRAM} bench"), 80)
     return "\n".join(lines) + "\n"

@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
+from keras_mha.planning.render.formatting import format_bytes, format_count, format_thousands
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 PLOT_FORMATS = (".png", ".svg", ".pdf")
@@ -152,49 +152,33 @@ def _check_arguments(arguments: argparse.Namespace) -> None:
 
 
 def build_comparison(arguments: argparse.Namespace) -> dict:
-    """One inspect report per model at the shared context, batch and KV dtype.
+    """One plan per model at the shared context, batch and KV dtype, in its JSON form
+    (`models`, each `inspect --format json`'s object).
 
     Raises:
         KerasMHAError: bad arguments, or a model that cannot be loaded or read (the
             message names the model).
     """
-    import warnings
-
-    from keras_mha.cards.rendering import report as reports
-    from keras_mha.cards.spec import from_config
-    from keras_mha.errors import KerasMHAError
-    from keras_mha.hub.config import load_config
+    from keras_mha.planning.plan import plan_model
 
     _check_arguments(arguments)
     request = options.memory_request(arguments)
-    models, specs = [], []
-    for model in arguments.models:
-        loaded = load_config(
+    hub = options.hub_options(arguments)
+    # Each model through the one pipeline of `inspect` and `keras_mha.plan`; its errors
+    # name the model.
+    plans = [
+        plan_model(
             model,
-            token=arguments.token,
-            endpoint=arguments.endpoint,
-            offline=True if arguments.offline else None,
-            timeout=arguments.timeout,
-        )
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                spec = from_config(loaded.config, model_id=loaded.model_id)
-            report = reports.build_report(
-                loaded,
-                spec,
-                seq_lens=[arguments.seq_len],
-                batch=arguments.batch,
-                kv_dtype=arguments.kv_dtype,
-                memory_request=request,
-            )
-        except KerasMHAError as error:
-            error.message = f"{model}: {error.message}"
-            raise
-        # Anything else is a bug (every config value is validated into a ConfigError), as in
-        # `inspect`: the CLI reports it as an internal error (exit 70), not as the config's fault.
-        models.append(report)
-        specs.append(spec)
+            seq_lens=[arguments.seq_len],
+            batch=arguments.batch,
+            kv_dtype=arguments.kv_dtype,
+            request=request,
+            hub=hub,
+        )  # fmt: skip
+        for model in arguments.models
+    ]
+    models = [plan.to_dict() for plan in plans]
+    specs = [plan.spec for plan in plans]
     devices = request.device_set()
     return {
         "batch": arguments.batch,
@@ -364,7 +348,7 @@ def render(comparison: dict, output_format: str, width: int = 80) -> str:
         >>> render({"batch": 1, "seq_len": 8, "kv_dtype": "int8", "models": []}, "json")
         '{\\n  "batch": 1,\\n  "seq_len": 8,\\n  "kv_dtype": "int8",\\n  "models": []\\n}'
     """
-    from keras_mha.cards.rendering.text import UNLIMITED, wrap, wrap_markdown
+    from keras_mha.planning.render.text import UNLIMITED, wrap, wrap_markdown
 
     if output_format == "json":
         import json
@@ -436,13 +420,13 @@ def render(comparison: dict, output_format: str, width: int = 80) -> str:
 
 def _terminal(text) -> str:
     # Model ids and paths come from the command line or a Hub answer: shown, never obeyed.
-    from keras_mha.cards.rendering.report import terminal_text
+    from keras_mha.planning.render.report import terminal_text
 
     return terminal_text(text)
 
 
 def _markdown(text) -> str:
-    from keras_mha.cards.rendering.report import markdown_text
+    from keras_mha.planning.render.report import markdown_text
 
     return markdown_text(text)
 
@@ -480,9 +464,9 @@ def plot_series(comparison: dict, *, total: bool, max_seq_len: int | None) -> di
         >>> series["seq_lens"], series["series"][0]["bytes"][0]
         ([1024, 2048, 4096], 37748736)
     """
-    from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.planner.memory import serving_bytes_function
-    from keras_mha.cards.rendering.memory_report import plan_format
+    from keras_mha.planning.costs import kv_cache_cost
+    from keras_mha.planning.planner.memory import serving_bytes_function
+    from keras_mha.planning.planner.request import plan_format
 
     reports, specs = comparison["models"], comparison["_specs"]
     if max_seq_len is None:

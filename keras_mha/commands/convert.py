@@ -31,12 +31,14 @@ import math
 import time
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_checkpoint_arguments,
     check_checkpoint_arguments,
     fit_text_batching_to_model,
     load_checkpoint,
     positive_int_type,
 )
+from keras_mha.commands.terminal import report_width
 from keras_mha.errors import PruningError, UsageError
 
 METHODS = ("mean", "first", "regroup")  # = keras_mha.layers.kv_conversion.METHODS
@@ -87,6 +89,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "Keras fit, and write a Hub checkpoint that transformers loads, with a report of "
             "the KV cache, parameters and held-out quality before and after."
         ),
+        epilog=BACKEND_EPILOG,
     )
     add_checkpoint_arguments(
         parser, data_help="plain UTF-8 text to measure on and uptrain with (its end held out)"
@@ -189,8 +192,8 @@ def _quality(model, kind, held_out, batch_size, reference):
 
 def _uptrain(model, kind, train, arguments, progress_enabled):
     """`(uptraining entry, seconds)`."""
-    from keras_mha.commands.progress import ProgressBar
     from keras_mha.conversion.uptraining import uptrain
+    from keras_mha.progress import ProgressBar
 
     teacher, teacher_bytes = None, 0
     if arguments.distill:
@@ -268,10 +271,10 @@ def run(arguments) -> int:
     started = time.perf_counter()
     _check_arguments(arguments)
     from keras_mha import backends
-    from keras_mha.commands.prune_data import load_examples
     from keras_mha.conversion.convert import convert_attention
     from keras_mha.conversion.report import kv_cache_figures, render_markdown, render_table
     from keras_mha.conversion.uptraining import held_out_split
+    from keras_mha.data.text import load_examples
     from keras_mha.models import export as exporting
 
     model = load_checkpoint(arguments, arguments.source)
@@ -323,7 +326,7 @@ def run(arguments) -> int:
 
     uptraining, uptrain_seconds = None, None
     if arguments.steps:
-        progress_enabled = None if arguments.format != "json" else False
+        progress_enabled = None  # on stderr, when it is a terminal, whatever the format
         uptraining, uptrain_seconds = _uptrain(model, kind, train, arguments, progress_enabled)
         measure_started = time.perf_counter()
         quality["uptrained"], _ = _quality(model, kind, held_out, arguments.batch_size, reference)
@@ -368,5 +371,5 @@ def run(arguments) -> int:
     elif arguments.format == "markdown":
         write_stdout(render_markdown(report))
     else:
-        write_stdout(render_table(report))
+        write_stdout(render_table(report, report_width(wide=arguments.wide)))
     return 0

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from keras_mha.cards.planner.gpus import GPUS
-from keras_mha.cards.rendering.formatting import format_bandwidth, format_bytes
-from keras_mha.cards.rendering.text import aligned, wrap
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
+from keras_mha.planning.planner.gpus import GPUS
+from keras_mha.planning.render.formatting import format_bandwidth, format_bytes
+from keras_mha.planning.render.text import aligned, wrap
 
 FORMATS = ("table", "json", "markdown")
 

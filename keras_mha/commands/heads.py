@@ -21,11 +21,14 @@ import json
 from pathlib import Path
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_hub_arguments,
     add_text_batching_arguments,
+    add_wide_argument,
     fit_text_batching_to_model,
 )
 from keras_mha.commands.output import write_stdout
+from keras_mha.commands.terminal import report_width
 from keras_mha.errors import MissingDependencyError, UnsupportedModelError, UsageError
 
 IMPORTANCE_METHODS = ("taylor", "ablation", "magnitude")
@@ -49,6 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "small window, everything; syntactic relations with --conllu), with each "
             "head's importance and which roles survive pruning (--importance)."
         ),
+        epilog=BACKEND_EPILOG,
     )
     parser.add_argument(
         "model",
@@ -85,6 +89,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype", choices=DTYPES, help="load and compute in this dtype (default: checkpoint's)"
     )
+    add_wide_argument(parser)
     add_hub_arguments(parser)
     parser.set_defaults(run=run)
     return parser
@@ -94,7 +99,7 @@ def _check_arguments(arguments):
     """Everything that can be refused without loading the model."""
     import importlib.util
 
-    from keras_mha.commands.prune_data import check_text_file
+    from keras_mha.data.text import check_text_file
     from keras_mha.models.export_files import check_output_file
 
     if arguments.importance is not None and arguments.importance not in IMPORTANCE_METHODS:
@@ -130,7 +135,7 @@ def _check_arguments(arguments):
 def read_text_argument(path, max_tokens, argument="--text"):
     """The text of `path`, refusing binary files and empty text (one line each)."""
     from keras_mha.analysis.syntax import check_not_binary
-    from keras_mha.commands.prune_data import characters_to_read, read_text
+    from keras_mha.data.text import characters_to_read, read_text
 
     text = read_text(path, max_characters=characters_to_read(max_tokens), argument=argument)
     check_not_binary(text, path, argument)
@@ -227,7 +232,7 @@ def run(arguments) -> int:
     fit_text_batching_to_model(model, arguments)
     _require_attention(model, arguments)
     tokenizer = model_tokenizer(model, arguments.tokenizer, argument="--tokenizer")
-    progress = None if arguments.format != "json" else False
+    progress = None  # on stderr, when it is a terminal, whatever the format
     importance = None
     if arguments.importance is not None:
         importance = _importance(model, text, tokenizer, arguments, progress)
@@ -260,7 +265,7 @@ def run(arguments) -> int:
     elif arguments.format == "markdown":
         output = result.markdown()
     else:
-        output = result.table()
+        output = result.table(report_width(wide=arguments.wide))
     write_stdout(output)
     return 0
 

@@ -18,15 +18,12 @@ import argparse
 import json
 import os
 import sys
-import warnings
 
-from keras_mha.cards.rendering import report as reports
-from keras_mha.cards.spec import from_config
 from keras_mha.commands import options
 from keras_mha.commands.output import write_stdout
 from keras_mha.commands.terminal import report_width, write_report
-from keras_mha.errors import KerasMHAError
-from keras_mha.hub.config import load_config
+from keras_mha.planning.plan import plan_model
+from keras_mha.planning.render import report as reports
 
 OUTPUT_FORMATS = ("table", "json", "markdown")
 
@@ -97,73 +94,37 @@ def run(arguments: argparse.Namespace) -> int:
         0
     """
     # Resolved before any loading, so a bad --gpu fails at once (UsageError, exit 2).
-    arguments.memory_request = options.memory_request(arguments)
-
-    _configure_huggingface_hub(arguments.timeout)
-    # Loading errors name the model id, revision or path themselves; `main` prints them.
-    loaded = load_config(
-        arguments.model,
-        revision=arguments.revision,
-        token=arguments.token,
-        endpoint=arguments.endpoint,
-        offline=True if arguments.offline else None,
-        timeout=arguments.timeout,
-    )
-    from keras_mha.hub.weights_size import checkpoint_size
-
-    arguments.checkpoint_size = checkpoint_size(
-        loaded,
-        token=arguments.token,
-        endpoint=arguments.endpoint,
-        offline=True if arguments.offline else None,
-        timeout=arguments.timeout,
-    )
-    try:
-        rendered = render(loaded, arguments)
-    except KerasMHAError as error:
-        error.message = f"{arguments.model}: {error.message}"
-        raise
-    # Anything else is a bug (every config value is validated into a ConfigError): `main`
-    # reports it as an internal error (exit 70), not as a fault of the config.
+    request = options.memory_request(arguments)
+    hub = options.hub_options(arguments)
+    _configure_huggingface_hub(hub.timeout)
+    # Loading errors name the model id, revision or path themselves; the plan's are prefixed
+    # with the model. Anything else is a bug (every config value is validated into a
+    # ConfigError): `main` reports it as an internal error (exit 70), not as the config's.
+    result = plan_model(arguments.model, seq_lens=arguments.seq_len, batch=arguments.batch,
+                        kv_dtype=arguments.kv_dtype, request=request, hub=hub)  # fmt: skip
+    text = render(result, arguments.format, arguments.wide)
     if arguments.format == "table":
-        write_report(rendered)
+        write_report(text)  # laid out for the terminal: its width and colour
     else:
-        write_stdout(rendered)
+        write_stdout(text)
     return 0
 
 
-def render(loaded, arguments: argparse.Namespace) -> str:
-    """The report of a loaded config in `arguments.format`.
+def render(plan, output_format: str, wide: bool = False) -> str:
+    """A `Plan` as `output_format` asks: the table, markdown, or its JSON (`Plan.to_dict()`).
 
     Example:
-        >>> from keras_mha.cli import build_parser
-        >>> from keras_mha.hub import load_config
-        >>> arguments = build_parser().parse_args(["inspect", "x", "--format", "json"])
-        >>> arguments.memory_request = None
-        >>> text = render(load_config("bundled:openai-community/gpt2"), arguments)
+        >>> from keras_mha.planning.plan import plan_model
+        >>> text = render(plan_model("bundled:openai-community/gpt2"), "json")
         >>> json.loads(text)["attention"]["kind"]
         'MHA'
     """
-    with warnings.catch_warnings():
-        # What the reader had to guess is in spec.warnings, and so in the report itself.
-        warnings.simplefilter("ignore")
-        spec = from_config(loaded.config, model_id=loaded.model_id)
-    seq_lens = arguments.seq_len or [reports.default_seq_len(spec)]
-    report = reports.build_report(
-        loaded,
-        spec,
-        seq_lens=seq_lens,
-        batch=arguments.batch,
-        kv_dtype=arguments.kv_dtype,
-        memory_request=arguments.memory_request,
-        checkpoint_size=getattr(arguments, "checkpoint_size", None),
-    )
-    if arguments.format == "json":
+    if output_format == "json":
         # allow_nan=False: the output is JSON (RFC 8259), which has no NaN or Infinity.
-        return json.dumps(report, indent=2, allow_nan=False)
-    if arguments.format == "markdown":
-        return reports.render_markdown(report)
-    return reports.render_table(report, report_width(wide=getattr(arguments, "wide", False)))
+        return json.dumps(plan.to_dict(), indent=2, allow_nan=False)
+    if output_format == "markdown":
+        return reports.render_markdown(plan)
+    return reports.render_table(plan, report_width(wide=wide))
 
 
 def _configure_huggingface_hub(timeout: float) -> None:

@@ -20,14 +20,21 @@ from __future__ import annotations
 import argparse
 import math
 
-from keras_mha.cards.planner import units
-from keras_mha.cards.planner.devices import DEFAULT_MEMORY_UTILIZATION, parse_fraction
+# Defaults of the commands that read text through a checkpoint (`prune --data`, `heads
+# --text`) are the library's, which `head_roles` uses too.
+from keras_mha.data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN
 from keras_mha.errors import UsageError
 from keras_mha.hub.settings import MAX_TIMEOUT_SECONDS  # the longest --timeout (a day)
+from keras_mha.planning.planner import units
+from keras_mha.planning.planner.devices import (
+    DEFAULT_MEMORY_UTILIZATION,
+    parse_device_count,
+    parse_fraction,
+)
 
 OPTIMIZERS = ("adamw", "adam", "sgd-momentum", "sgd")
 PRECISIONS = ("mixed", "bfloat16", "float32")
-DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.cards.planner.memory.DEFAULT_PREFILL_CHUNK
+DEFAULT_PREFILL_CHUNK = 2048  # = keras_mha.planning.planner.memory.DEFAULT_PREFILL_CHUNK
 #: `prune` / `convert`: dtypes a checkpoint is loaded and written in.
 CHECKPOINT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -66,10 +73,11 @@ def dtype_type(flag: str):
 
 def positive_int_type(flag: str):
     def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        digits = _argparse_type(units.bounded_text, flag)(text).strip().removeprefix("-")
+        # ASCII digits only, as `keras_mha.plan` takes them: int() would also read "٢".
+        if not (digits.isascii() and digits.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        value = int(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
         return value
@@ -78,10 +86,12 @@ def positive_int_type(flag: str):
     return convert
 
 
-#: Defaults of the commands that read text through a checkpoint (`prune --data`, `heads --text`).
-DEFAULT_MAX_TOKENS = 16384
-DEFAULT_SEQ_LEN = 128
-DEFAULT_BATCH_SIZE = 8
+#: The `--help` epilog of the commands that run a model (`heads`, `prune`, `convert`).
+BACKEND_EPILOG = (
+    "Models run on the Keras backend that KERAS_BACKEND names: jax, torch or tensorflow "
+    "(e.g. KERAS_BACKEND=jax keras-mha ...). Unset, Keras's own choice (~/.keras/keras.json, "
+    "else tensorflow), or the backend installed when that one is not."
+)
 
 
 def add_text_batching_arguments(
@@ -209,6 +219,26 @@ def add_hub_arguments(parser: argparse.ArgumentParser, *, revision: bool = True)
     )
 
 
+def hub_options(arguments: argparse.Namespace):
+    """The `HubOptions` of `add_hub_arguments`' flags (`--offline` absent: the environment
+    decides, as `load_config(offline=None)` does).
+
+    Example:
+        >>> hub_options(argparse.Namespace(token=None, offline=True, endpoint=None,
+        ...                                timeout=3.0)).offline
+        True
+    """
+    from keras_mha.planning.plan import HubOptions
+
+    return HubOptions(
+        revision=getattr(arguments, "revision", None),
+        token=arguments.token,
+        endpoint=arguments.endpoint,
+        offline=True if arguments.offline else None,
+        timeout=arguments.timeout,
+    )
+
+
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the planner's flags to a subcommand's parser: `--gpu`/`--memory`, `--gpus`,
     `--pipeline-parallel`, `--memory-utilization`, `--weights-dtype`, `--optimizer`,
@@ -234,13 +264,13 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpus",
-        type=positive_int_type("--gpus"),
+        type=_argparse_type(parse_device_count, "--gpus"),
         metavar="N",
         help="number of devices of --gpu or --memory (same as 2xH100; default 1)",
     )
     parser.add_argument(
         "--pipeline-parallel",
-        type=positive_int_type("--pipeline-parallel"),
+        type=_argparse_type(parse_device_count, "--pipeline-parallel"),
         default=1,
         metavar="P",
         help="pipeline stages the devices form (default 1); each stage splits its layers "
@@ -339,8 +369,8 @@ def memory_request(arguments: argparse.Namespace):
         >>> request.devices.count, request.devices.memory_bytes
         (2, 1073741824)
     """
-    from keras_mha.cards.planner.devices import parse_devices
-    from keras_mha.cards.rendering.memory_report import MemoryRequest
+    from keras_mha.planning.planner.devices import parse_devices
+    from keras_mha.planning.planner.request import MemoryRequest
 
     gpu, size = getattr(arguments, "gpu", None), getattr(arguments, "memory", None)
     count = getattr(arguments, "gpus", None)
@@ -416,6 +446,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, data_help: str)
     shared.add_argument(
         "--overwrite", action="store_true", help="replace --out when it holds a checkpoint"
     )
+    add_wide_argument(shared)
     add_hub_arguments(shared)
 
 
@@ -440,7 +471,7 @@ def check_checkpoint_arguments(arguments: argparse.Namespace) -> list:
     from keras_mha.models.export_files import check_output_folder, parse_size
 
     if arguments.data is not None:
-        from keras_mha.commands.prune_data import check_text_file
+        from keras_mha.data.text import check_text_file
 
         check_text_file(arguments.data)
     try:
@@ -487,6 +518,7 @@ __all__ = [
     "add_batch_argument",
     "add_checkpoint_arguments",
     "add_hub_arguments",
+    "hub_options",
     "add_kv_dtype_argument",
     "add_memory_arguments",
     "add_text_batching_arguments",

@@ -36,12 +36,14 @@ import warnings
 from pathlib import Path
 
 from keras_mha.commands.options import (
+    BACKEND_EPILOG,
     add_checkpoint_arguments,
     check_checkpoint_arguments,
     fit_text_batching_to_model,
     load_checkpoint,
     positive_int_type,
 )
+from keras_mha.commands.terminal import report_width
 from keras_mha.errors import ExportError, PruningError, UsageError
 
 METHODS = ("taylor", "ablation", "magnitude")
@@ -97,6 +99,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "ones, and write a Hub checkpoint (config.json + safetensors + tokenizer) that "
             "transformers loads, with a before/after report."
         ),
+        epilog=BACKEND_EPILOG,
     )
     add_checkpoint_arguments(parser, data_help="plain UTF-8 text to score on and measure with")
     parser.add_argument(
@@ -302,7 +305,7 @@ def score_heads(model, kind, data, arguments, reference, progress_enabled):
     """`{model path: scores}` with a progress bar over the scoring batches."""
     import keras
 
-    from keras_mha.commands.progress import ProgressBar
+    from keras_mha.progress import ProgressBar
     from keras_mha.pruning import head_importance
 
     if arguments.method == "magnitude":
@@ -335,13 +338,13 @@ def score_heads(model, kind, data, arguments, reference, progress_enabled):
 
 
 def _load_data(arguments, directory, kind):
-    from keras_mha.commands import prune_data
+    from keras_mha.data import text as text_data
 
     if arguments.data is None:
         return None
-    tokenizer = prune_data.load_tokenizer(directory)
-    text = prune_data.read_text(
-        arguments.data, max_characters=prune_data.characters_to_read(arguments.max_tokens)
+    tokenizer = text_data.load_tokenizer(directory)
+    text = text_data.read_text(
+        arguments.data, max_characters=text_data.characters_to_read(arguments.max_tokens)
     )
     return scoring_data(tokenizer, text, kind, arguments)
 
@@ -354,7 +357,7 @@ def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
     Example:
         >>> data = scoring_data(tokenizer, text, "decoder", arguments)  # doctest: +SKIP
     """
-    from keras_mha.commands import prune_data
+    from keras_mha.data import text as text_data
 
     if kind == "encoder" and arguments.method != "magnitude" and arguments.batch_size < 2:
         # The encoder loss ranks each sentence against the others in its batch: alone
@@ -365,7 +368,7 @@ def scoring_data(tokenizer, text, kind, arguments, argument="--data"):
             key="--batch-size",
             value=arguments.batch_size,
         )
-    return prune_data.examples_of_text(
+    return text_data.examples_of_text(
         tokenizer, text, kind=kind, seq_len=arguments.seq_len,
         max_tokens=arguments.max_tokens, argument=argument,
     )  # fmt: skip
@@ -400,7 +403,7 @@ def run(arguments) -> int:
     from keras_mha.pruning import get_head_gates, prune_heads, set_head_gates
 
     json_output = arguments.format == "json"
-    progress_enabled = None if not json_output else False
+    progress_enabled = None  # on stderr, when it is a terminal, whatever the format
     model = load_checkpoint(arguments, arguments.source)
     kind = exporting.model_kind(model)
     fit_text_batching_to_model(model, arguments)
@@ -459,6 +462,7 @@ def run(arguments) -> int:
             "batches": len(data.batch_tokens(arguments.batch_size)),
             "sequence_length": int(sequence_length),
         },
+        "flops_sequence_length": int(sequence_length),
         "scoring_seconds": round(scoring_seconds, 3),
         "pruned_heads": {path: [int(h) for h in heads] for path, heads in chosen.items()},
         "before": before,
@@ -468,7 +472,8 @@ def run(arguments) -> int:
     }
     from keras_mha.commands.prune_report import render_table
 
-    text = json.dumps(report, indent=2) if json_output else render_table(report)
+    width = report_width(wide=arguments.wide)
+    text = json.dumps(report, indent=2) if json_output else render_table(report, width)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     return 0

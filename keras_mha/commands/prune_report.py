@@ -6,8 +6,10 @@ Figures (the same keys in `--format json`, under `"before"` and `"after"`):
 - `attention_heads`, `kv_heads`: query heads and key/value heads over all layers.
 - `kv_cache_bytes_per_token`: bytes one more token adds to the KV cache (decoders;
   `null` for encoders, which keep none).
-- `attention_flops_per_token`: FLOPs of the attention layers per token at the data's
-  sequence length (`keras_mha.pruning.model_attention_flops`).
+- `attention_flops_per_token`: FLOPs of the attention layers per token of a sequence of
+  the report's `flops_sequence_length` tokens (`keras_mha.pruning.model_attention_flops`
+  / length): the projections cost the same per token at every length, the scores and
+  the weighted values grow with it, so the table names the length.
 - `perplexity`: `exp(mean next-token cross-entropy)` on the data (decoders; `null`
   otherwise or without data).
 - `embedding_cosine`, `embedding_cosine_min`: mean and smallest cosine between this
@@ -30,6 +32,8 @@ import time
 import keras
 import numpy as np
 
+from keras_mha.planning.render.formatting import format_number
+from keras_mha.planning.render.text import DEFAULT_WIDTH, wrap
 from keras_mha.pruning import find_attention_layers, model_attention_flops
 
 LATENCY_WARMUP_CALLS = 1
@@ -212,20 +216,6 @@ def measure(
 # -- rendering --------------------------------------------------------------------------------
 
 
-def format_number(value, digits=None):
-    """A figure for a table: thousands separated, `digits` decimals for floats, "—" for None.
-
-    Example:
-        >>> format_number(1234567), format_number(3.14159, 2), format_number(None)
-        ('1,234,567', '3.14', '—')
-    """
-    if value is None:
-        return "—"
-    if isinstance(value, float) and digits is not None:
-        return f"{value:,.{digits}f}"
-    return f"{value:,}"
-
-
 def _change(before, after):
     if before in (None, 0) or after is None:
         return ""
@@ -245,16 +235,20 @@ ROWS = (
 )
 
 
-def render_table(report) -> str:
-    """The human-readable before/after table (what `--format table` prints).
+def render_table(report, width=DEFAULT_WIDTH) -> str:
+    """The human-readable before/after table (what `--format table` prints); its sentences
+    wrap within `width` columns (`UNLIMITED`: `--wide`), continued two spaces in.
 
     Example:
         >>> print(render_table(report))  # doctest: +SKIP
     """
     before, after = report["before"], report["after"]
+    flops_length = report.get("flops_sequence_length")
     rows = [
         (
-            label,
+            f"{label} at {flops_length:,} tokens"
+            if key == "attention_flops_per_token" and flops_length
+            else label,
             format_number(before[key], digits),
             format_number(after[key], digits),
             _change(before[key], after[key]),
@@ -281,21 +275,14 @@ def render_table(report) -> str:
             f"{'windows' if report['architecture'] == 'decoder' else 'sentences'}, "
             f"{data['batches']} batches; scoring took {report['scoring_seconds']:.1f} s"
         )
-    lines.append("")
-    lines.append(
+    table = [
         "  ".join(
-            text.ljust(width) if i == 0 else text.rjust(width)
-            for i, (text, width) in enumerate(zip(header, widths, strict=True))
+            text.ljust(column) if i == 0 else text.rjust(column)
+            for i, (text, column) in enumerate(zip(row, widths, strict=True))
         )
-    )
-    for row in rows:
-        lines.append(
-            "  ".join(
-                text.ljust(width) if i == 0 else text.rjust(width)
-                for i, (text, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-    lines.append("")
+        for row in (header, *rows)
+    ]
+    lines += ["", *table, ""]
     export = report["export"]
     if export.get("format") == "keras":
         lines.append(
@@ -320,7 +307,8 @@ def render_table(report) -> str:
             )
     if report.get("heatmap"):
         lines.append(f"heatmap: {report['heatmap']}")
-    return "\n".join(lines)
+    prose = [wrap(line, width, "", "  ") if line not in table else [line] for line in lines]
+    return "\n".join(part for parts in prose for part in parts)
 
 
 def _megabytes(count):

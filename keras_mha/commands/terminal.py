@@ -17,8 +17,8 @@ import re
 import shutil
 import sys
 
-from keras_mha.cards.rendering.text import DEFAULT_WIDTH, UNLIMITED
 from keras_mha.commands.output import write_stdout
+from keras_mha.planning.render.text import DEFAULT_WIDTH, UNLIMITED
 
 # The narrowest layout the reports are laid out for, even on a narrower terminal.
 MIN_WIDTH = 60

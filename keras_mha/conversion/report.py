@@ -3,7 +3,7 @@
 Keys of `--format json` (all sizes in bytes, times in seconds):
 
 - `kv_heads`: `{"before", "after"}` per layer; `num_attention_heads`, `num_layers`.
-- `kv_cache`: from the cost model (`keras_mha.cards.costs.kv_cache_cost`) for the
+- `kv_cache`: from the cost model (`keras_mha.planning.costs.kv_cache_cost`) for the
   config before and after: `{"dtype", "context_length", "applicable", "note",
   "before": {"bytes_per_token", "bytes_at_context"}, "after": {...}}` (encoders keep
   no cache: `applicable` false, zeros).
@@ -25,8 +25,9 @@ Example:
 
 from __future__ import annotations
 
-from keras_mha.cards.rendering.formatting import format_bytes
-from keras_mha.cards.rendering.report import markdown_text, terminal_text
+from keras_mha.planning.render.formatting import format_bytes
+from keras_mha.planning.render.report import markdown_text, terminal_text
+from keras_mha.planning.render.text import DEFAULT_WIDTH, wrap
 
 QUALITY_LABELS = {
     "perplexity": "perplexity (held out)",
@@ -60,15 +61,14 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     """The cost model's KV cache for `config` before and after the conversion.
 
     Returns the report's `kv_cache` entry: bytes per token and at the model's context
-    length (its config's, else `keras_mha.cards.rendering.report.default_seq_len`), batch 1.
+    length (its config's, else `keras_mha.planning.plan.default_seq_len`), batch 1.
 
     Example:
         >>> kv_cache_figures(llama_config, 8, kv_dtype="bfloat16")["after"]  # doctest: +SKIP
         {'bytes_per_token': 131072, 'bytes_at_context': 1073741824}
     """
-    from keras_mha.cards.costs import kv_cache_cost
-    from keras_mha.cards.rendering.report import context_length, default_seq_len
-    from keras_mha.cards.spec import from_config
+    from keras_mha.planning.plan import context_length, default_seq_len, plan_config
+    from keras_mha.planning.spec import from_config
 
     entry = {"dtype": kv_dtype}
     for when, figures in (
@@ -77,7 +77,9 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     ):
         spec = from_config(figures)
         context = context_length(spec) or default_seq_len(spec)
-        cost = kv_cache_cost(spec, seq_len=context, kv_dtype=kv_dtype)
+        # The plan of `inspect` and `keras_mha.plan`, at the model's context length.
+        plan = plan_config(figures, seq_lens=[context], kv_dtype=kv_dtype, spec=spec)
+        cost = plan.kv_caches[-1].cost
         entry.update(context_length=context, applicable=cost.applicable, note=cost.note)
         entry[when] = {
             "bytes_per_token": cost.bytes_per_token,
@@ -92,7 +94,7 @@ def _seconds(value):
 
 def _rows(report):
     """`(label, original, converted, uptrained)` text rows."""
-    from keras_mha.commands.prune_report import format_number
+    from keras_mha.planning.render.formatting import format_number
 
     uptrained = report["uptraining"] is not None
     kv, cache, quality = report["kv_heads"], report["kv_cache"], report["quality"]
@@ -192,8 +194,9 @@ def _export_line(report, text):
     )
 
 
-def render_table(report) -> str:
-    """The report as aligned text (what `--format table` prints).
+def render_table(report, width=DEFAULT_WIDTH) -> str:
+    """The report as aligned text (what `--format table` prints); its sentences wrap within
+    `width` columns (`UNLIMITED`: `--wide`), continued two spaces in.
 
     Example:
         >>> print(render_table(report))  # doctest: +SKIP
@@ -208,10 +211,14 @@ def render_table(report) -> str:
             for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    lines = _summary_lines(report, terminal_text)
+    lines = [
+        part
+        for text in _summary_lines(report, terminal_text)
+        for part in wrap(text, width, "", "  ")
+    ]
     lines += ["", line(header), *(line(row) for row in rows), ""]
-    lines.append(_time_line(report))
-    lines.append(_export_line(report, terminal_text))
+    lines += wrap(_time_line(report), width, "", "  ")
+    lines += wrap(_export_line(report, terminal_text), width, "", "  ")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ the first tenth of the steps and then decayed along a cosine to a tenth, with gr
 clipped to a global norm of 1.
 
 Example:
-    >>> from keras_mha.commands.prune_data import DecoderData
+    >>> from keras_mha.data.text import DecoderData
     >>> data = DecoderData(inputs=windows[:, :-1], targets=windows[:, 1:],
     ...                    num_tokens=windows[:, 1:].size)  # doctest: +SKIP
     >>> train, held_out = held_out_split(data, 0.1)  # doctest: +SKIP
@@ -52,12 +52,12 @@ def held_out_split(data, fraction, *, argument="--held-out"):
         UsageError: `fraction` outside (0, 1), or too few examples for both parts.
 
     Example:
-        >>> from keras_mha.commands.prune_data import DecoderData
+        >>> from keras_mha.data.text import DecoderData
         >>> data = DecoderData(np.zeros((10, 4), "int32"), np.zeros((10, 4), "int32"), 40)
         >>> [part.num_examples for part in held_out_split(data, 0.2)]
         [8, 2]
     """
-    from keras_mha.commands.prune_data import DecoderData, EncoderData
+    from keras_mha.data.text import DecoderData, EncoderData
 
     if not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
         raise UsageError(
@@ -92,7 +92,7 @@ def held_out_split(data, fraction, *, argument="--held-out"):
         )
     raise UsageError(
         f"`data` is a {type(data).__name__}; expected DecoderData or EncoderData "
-        "(keras_mha.commands.prune_data)",
+        "(keras_mha.data.text)",
         key="data",
     )
 
@@ -228,14 +228,14 @@ def uptrain(
     Args:
         model: a `DecoderModel` or `EncoderModel` (e.g. after `convert_attention`).
         data: `DecoderData` (next-token windows) or `EncoderData` (sentences), from
-            `keras_mha.commands.prune_data`; reshuffled after every pass.
+            `keras_mha.data.text`; reshuffled after every pass.
         steps: optimizer steps.
         learning_rate: AdamW's peak learning rate (see the module docstring).
         batch_size: examples per step (at most the number of examples).
         teacher: the original model, to distil from (frozen); None trains a decoder by
             next-token loss. An encoder needs a teacher: it has no language-modelling head.
         seed: of the shuffling.
-        progress: a `keras_mha.commands.progress.ProgressBar` advanced per step, or None.
+        progress: a `keras_mha.progress.ProgressBar` advanced per step, or None.
         verbose: passed to `fit` (Keras's own progress bar: 1).
 
     Returns:

@@ -187,7 +187,7 @@ def read_family(reader, family: Family) -> dict:
     """Every `ModelSpec` field `family` defines, read and validated through `reader`.
 
     Args:
-        reader: a `keras_mha.cards.config_values.ConfigReader` over the (text) config,
+        reader: a `keras_mha.planning.config_values.ConfigReader` over the (text) config,
             with `family.defaults` as its defaults.
         family: the family.
 
@@ -197,7 +197,7 @@ def read_family(reader, family: Family) -> dict:
         cross-field checks.
 
     Example:
-        >>> from keras_mha.cards.config_values import ConfigReader
+        >>> from keras_mha.planning.config_values import ConfigReader
         >>> from keras_mha.families import family_for
         >>> reader = ConfigReader({"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 10,
         ...                        "n_positions": 32}, model_type="gpt2")
@@ -267,6 +267,8 @@ def read_family(reader, family: Family) -> dict:
         hook(reader, fields)
     if "head_dim" not in fields:
         fields["head_dim"] = rules.derived_head_dim(reader, fields)
+        if family.head_size_in_config == "derived":
+            rules.note_ignored_head_dim(reader, fields)
     fields.setdefault("layer_kinds", ("full",) * fields["num_hidden_layers"])
     return fields
 

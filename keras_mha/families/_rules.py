@@ -63,6 +63,19 @@ def derived_head_dim(reader, fields: dict) -> int:
     return hidden // heads
 
 
+def note_ignored_head_dim(reader, fields: dict) -> None:
+    """A `head_dim` key that contradicts hidden / heads, in a family whose transformers
+    class derives the head size and never reads it: noted, and the derived size used (the
+    checkpoint's tensors have it), so the planner and `from_pretrained` agree."""
+    stated = reader.config.get("head_dim")
+    if stated is not None and stated != fields["head_dim"]:
+        fields["notes"].append(
+            f"{reader.where}head_dim={repr(stated)[:24]} is ignored: {reader.model_type} "
+            f"models derive the head size as hidden_size / num_attention_heads = "
+            f"{fields['head_dim']}, as transformers does"
+        )
+
+
 def rope_fields(reader, keys: Mapping[str, tuple[str, ...]]) -> dict:
     """RoPE base, partial rotary factor and scaling (`rope_scaling` or transformers 5's
     `rope_parameters`, one dict or one per layer type)."""
@@ -311,6 +324,7 @@ __all__ = [
     "mla",
     "MOE_RULES",
     "derived_head_dim",
+    "note_ignored_head_dim",
     "repeat_pattern",
     "rope_fields",
     "window_layer_kinds",

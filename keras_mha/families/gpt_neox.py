@@ -4,7 +4,8 @@ parallel residual, partial rotary embeddings, per-head fused q/k/v, an untied he
 Each layer computes `x + attention(norm_1(x)) + mlp(norm_2(x))` (`use_parallel_residual`,
 or the sequential form when false). `query_key_value` holds q, k and v of each head in
 turn; `embed_out` is the LM head. transformers derives the head size as hidden /
-heads, so a pruned model exports with its removed heads as zero weights.
+heads (a `head_dim` key is never read, and keras-mha notes and ignores it), so a pruned
+model exports with its removed heads as zero weights.
 
 Example:
     >>> FAMILY.traits["parallel_residual"], FAMILY.weights.anchor
@@ -30,7 +31,6 @@ FAMILY = Family(
     "gpt_neox",
     keys={
         **COMMON_KEYS,
-        "head_dim": ("head_dim",),
         "intermediate_size": ("intermediate_size",),
         "rope_theta": ("rope_theta", "rotary_emb_base"),
         "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),

@@ -1,5 +1,5 @@
 """Hub access: a model's `config.json` and weight files from the Hugging Face Hub, the HF
-cache, a local path or a bundled card, used by `keras_mha.cards` and `keras_mha.models`.
+cache, a local path or a bundled card, used by `keras_mha.planning` and `keras_mha.models`.
 
 - `load_config(source, revision=None, token=None, ...)`: a `LoadedConfig` (`config.py`).
 - `files.hub_file(repo_id, filename, ...)`: one file of a Hub repository, in the HF

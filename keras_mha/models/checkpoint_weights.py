@@ -137,7 +137,7 @@ def _family_of_checkpoint(directory: Path, spec):
     config_path = directory / CONFIG_FILE_NAME
     if not config_path.is_file():
         return None
-    from keras_mha.cards.spec import from_config
+    from keras_mha.planning.spec import from_config
 
     return from_config(json.loads(config_path.read_text())).family
 
@@ -270,7 +270,7 @@ def load_attention_weights(
 
     Example:
         >>> from keras_mha.models import build_attention, load_attention_weights
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> import json
         >>> config = json.load(open("minilm/config.json"))  # doctest: +SKIP
         >>> layer = build_attention(from_config(config), layer_index=0)  # doctest: +SKIP

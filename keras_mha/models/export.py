@@ -56,7 +56,6 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import CheckpointError, ExportError, PathError
 from keras_mha.families import family_for, unique_families
 from keras_mha.layers.quantization import refuse_quantized
@@ -71,6 +70,7 @@ from keras_mha.models.export_files import (
     write_safetensors,
 )
 from keras_mha.models.local_files import file_in_folder
+from keras_mha.planning.config_values import shown
 
 # Files copied from the source folder when present: the tokenizer, generation
 # defaults, and sentence-transformers' description of the pipeline (pooling etc.).

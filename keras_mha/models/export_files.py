@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_mha.cards.config_values import shown as shown_value
 from keras_mha.errors import ExportError, PathError
+from keras_mha.planning.config_values import shown as shown_value
 
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"

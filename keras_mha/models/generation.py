@@ -45,9 +45,9 @@ import keras
 import numpy as np
 
 from keras_mha import backends
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
+from keras_mha.planning.config_values import shown
 
 CACHE_BUCKET = 64
 

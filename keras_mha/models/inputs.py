@@ -23,8 +23,8 @@ import itertools
 import numpy as np
 from keras import ops
 
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
+from keras_mha.planning.config_values import shown
 
 INPUT_KEYS = ("token_ids", "padding_mask", "segment_ids")
 

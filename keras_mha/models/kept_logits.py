@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import UsageError
+from keras_mha.planning.config_values import shown
 
 
 def check_logits_to_keep(logits_to_keep, length):

@@ -7,7 +7,7 @@ the memory of the device it computes on.
   and PyTorch, the machine's RAM on a CPU (`host_memory()`); None where the backend does
   not say (TensorFlow on a GPU).
 - `check_memory(spec, ...)`: refuses a batch and length whose memory, by the planner's
-  formulas (`keras_mha.cards.planner.memory.serving_memory`: weights, KV cache and one
+  formulas (`keras_mha.planning.planner.memory.serving_memory`: weights, KV cache and one
   unchunked prefill; a lower bound of what a run takes), exceeds that memory.
 
 Example:
@@ -40,7 +40,7 @@ def model_spec(model):
         cached = None
     if cached is not None and cached[0] is config:
         return cached[1]
-    from keras_mha.cards.spec import from_config
+    from keras_mha.planning.spec import from_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the config was read (and warned about) on load
@@ -107,7 +107,7 @@ def check_memory(spec, *, batch: int, seq_len: int, dtype: str, argument: str, m
         >>> check_memory(spec, batch=1, seq_len=128, dtype="float32", argument="--batch")
         ... # doctest: +SKIP
     """
-    from keras_mha.cards.planner.memory import serving_memory
+    from keras_mha.planning.planner.memory import serving_memory
 
     memory = device_memory() if memory is None else memory
     if memory is None:

@@ -1,6 +1,6 @@
 """`from_pretrained`: a Hub checkpoint (local folder or Hub id) as a keras-mha Keras model.
 
-The config goes through `keras_mha.cards` (`load_config` -> `from_config` -> `ModelSpec`),
+The config goes through `keras_mha.planning` (`load_config` -> `from_config` -> `ModelSpec`),
 the family's block traits and tensor names come from its module in `keras_mha.families`
 (`Family.blocks`, `Family.weights`), and each attention layer from
 `keras_mha.models.build_attention`. Loading is checked before anything is read: every
@@ -22,7 +22,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import CheckpointError, ConfigError, UnsupportedModelError, UsageError
 from keras_mha.models.local_files import file_in_folder
 from keras_mha.models.safetensors_reader import (
@@ -39,6 +38,7 @@ from keras_mha.models.weight_names import (
     model_weight_names,
     resolve,
 )
+from keras_mha.planning.config_values import shown
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -51,7 +51,7 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
     """An untrained `DecoderModel` / `EncoderModel` shaped like `spec`.
 
     Args:
-        spec: a `ModelSpec` (`keras_mha.cards.spec.from_config(config)`).
+        spec: a `ModelSpec` (`keras_mha.planning.spec.from_config(config)`).
         dtype: the model's dtype (variables and computation).
         initializer: "default" (random, for training from scratch) or "zeros" (cheap,
             for weights about to be loaded).
@@ -62,7 +62,7 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
 
     Example:
         >>> from keras_mha.hub import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:Qwen/Qwen2.5-0.5B").config)
         >>> build_model(spec).count_params()  # doctest: +SKIP
         494032768
@@ -517,10 +517,10 @@ def from_pretrained(
         >>> model(np.array([[1, 2, 3]])).shape  # doctest: +SKIP
         (1, 3, 100)
     """
-    from keras_mha.cards.spec import from_config
     from keras_mha.hub.config import read_config_file
     from keras_mha.models.deferred import deferred_variables
     from keras_mha.models.quantize import check_mode
+    from keras_mha.planning.spec import from_config
 
     check_mode(quantize)
     if not isinstance(source, (str, Path)) or not str(source).strip():

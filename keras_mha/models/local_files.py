@@ -22,8 +22,8 @@ import os
 import stat
 from pathlib import Path
 
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import CheckpointError
+from keras_mha.planning.config_values import shown
 
 
 def allowed_roots(folder: Path) -> list[Path]:

@@ -4,7 +4,7 @@
 `Model.quantize` with a default `filters`: the attention layers and the MLP's Dense
 layers of every block (`QUANTIZED_LAYERS`). Embeddings, the LM head and the norms stay
 in the model's float dtype, which is what the planner's generic `int8` / `int4` formats
-count (`keras_mha.cards.planner.quantization.BLOCK_ROLES`: the block matrices, the LM
+count (`keras_mha.planning.planner.quantization.BLOCK_ROLES`: the block matrices, the LM
 head and embeddings left alone). Norms have no quantized form, so no layer warns.
 Pass `filters=` to choose other layers (Keras's regex or callable).
 

@@ -20,7 +20,7 @@ Its weights come from a checkpoint through the family's tensor names
 
 Example:
     >>> from keras_mha.models.rebuild import build_attention
-    >>> from keras_mha.cards.spec import from_config
+    >>> from keras_mha.planning.spec import from_config
     >>> spec = from_config({"model_type": "qwen2", "hidden_size": 64,
     ...     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
     ...     "intermediate_size": 128, "vocab_size": 100})
@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_mha.cards.spec import ModelSpec
 from keras_mha.errors import UnsupportedModelError
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from keras_mha.planning.spec import ModelSpec
 
 ATTENTION_PARTS = ("self", "cross", "encoder")
 SUPPORTED_ROPE_SCALINGS = ("default", "linear", "llama3")
@@ -118,7 +118,7 @@ def attention_layer_arguments(
     Pure Python: nothing is built and keras is not called.
 
     Args:
-        spec: a `ModelSpec` from `keras_mha.cards.spec.from_config`.
+        spec: a `ModelSpec` from `keras_mha.planning.spec.from_config`.
         layer_index: index of the layer in its stack (`spec.layer_kinds` for "self").
         attention: "self" (the self-attention of the model's main stack: the decoder of
             an encoder-decoder, the only stack otherwise), "cross" (the cross-attention
@@ -136,7 +136,7 @@ def attention_layer_arguments(
         UnsupportedModelError: the layer's attention is not representable (module docstring).
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "gemma2", "hidden_size": 64,
         ...     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         ...     "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 100,
@@ -242,7 +242,7 @@ def build_attention(
     projection (not the residual, dropout or the block's norms).
 
     Args:
-        spec: a `ModelSpec` from `keras_mha.cards.spec.from_config`.
+        spec: a `ModelSpec` from `keras_mha.planning.spec.from_config`.
         layer_index: index of the layer in its stack.
         attention: "self", "cross" or "encoder" (see `attention_layer_arguments`).
         build: build the weights now, for `(None, None, hidden_size)` inputs.
@@ -259,8 +259,8 @@ def build_attention(
         UnsupportedModelError: the layer's attention is not representable (module docstring).
 
     Example:
-        >>> from keras_mha.cards import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.hub import load_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
         >>> layer = build_attention(spec, 0, build=False)
         >>> type(layer).__name__, layer.num_heads, layer.num_key_value_heads, layer.rope_theta

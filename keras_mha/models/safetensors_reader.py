@@ -29,9 +29,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from keras_mha.cards.config_values import shown
 from keras_mha.errors import CheckpointError
 from keras_mha.models.local_files import file_in_folder
+from keras_mha.planning.config_values import shown
 
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"

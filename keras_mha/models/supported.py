@@ -6,7 +6,7 @@ and each of those must be one the blocks implement (`BUILT_FEATURES`). Anything 
 refused with an `UnsupportedModelError` that names what is missing.
 
 Example:
-    >>> from keras_mha.cards.spec import from_config
+    >>> from keras_mha.planning.spec import from_config
     >>> spec = from_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
     ...                     "vocab_size": 100, "n_positions": 32})
     >>> built_family(spec).blocks.kind, activation_name(spec, built_family(spec).blocks)

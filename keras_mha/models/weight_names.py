@@ -297,19 +297,6 @@ def hub_tensors(model):
         yield bound.hub_name, TRANSFORMS[bound.transform].to_hub(values)
 
 
-def __getattr__(name):
-    # 0.2 kept the tables here; they are each family module's `weights` now.
-    if name == "FAMILY_WEIGHT_NAMES":
-        from keras_mha.families import unique_families
-        from keras_mha.moved_paths import warn_rebuilt
-
-        warn_rebuilt(
-            f"{__name__}.FAMILY_WEIGHT_NAMES", "keras_mha.families.family_for(model_type).weights"
-        )
-        return {f.name: f.weights for f in unique_families() if f.weights is not None}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "TRANSFORMS",
     "BoundRule",

@@ -5,7 +5,7 @@ functional, `Sequential`, nested and subclassed models all work, and so do
 attention layers held inside custom layers. Each layer is named by the path of
 layer names from the model down to it (`"encoder/block_0/attention"`). Keras's own
 `layer.path` is the name scope the layer was *built* in, so a layer built before
-it was placed in a model (as `keras_mha.cards.build_attention` does) gets just
+it was placed in a model (as `keras_mha.models.build_attention` does) gets just
 its name, and six such layers called `"attention"` would share one path.
 """
 

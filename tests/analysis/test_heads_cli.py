@@ -209,6 +209,7 @@ def test_a_decoder_reads_windows_and_scores_heads_with_taylor(tmp_path, capsys):
     assert main(short) == 0  # the table
     table = capsys.readouterr().out
     assert "roles (layer x head)" in table and "heads per role" in table
+    assert max(map(len, table.splitlines())) <= 80, table
     assert main([*short, "--format", "markdown"]) == 0
     markdown = capsys.readouterr().out
     assert "## roles (layer x head)" in markdown and "| layer | 0 | 1 | 2 | 3 |" in markdown

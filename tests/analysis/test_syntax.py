@@ -33,7 +33,7 @@ TREEBANK = Path(__file__).parents[2] / "examples" / "data" / "heads" / "ewt-samp
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from keras_mha.commands.prune_data import load_tokenizer
+    from keras_mha.data.text import load_tokenizer
 
     return load_tokenizer(minilm_directory())
 

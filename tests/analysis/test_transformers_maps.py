@@ -42,7 +42,7 @@ def _assert_same(result, reference):
 
 
 def test_minilm_statistics_equal_transformers_maps():
-    from keras_mha.commands.prune_data import load_tokenizer
+    from keras_mha.data.text import load_tokenizer
     from keras_mha.models import from_pretrained
 
     directory = minilm_directory()

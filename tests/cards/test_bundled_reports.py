@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from keras_mha.cards.rendering.report import build_report, default_seq_len
-from keras_mha.cards.spec import from_config
+import keras_mha
+from keras_mha import cli
 from keras_mha.hub.bundled import bundled_card_directory, list_bundled
 from keras_mha.hub.config import load_config
+from keras_mha.planning.plan import plan_config
 from tools.render_bundled_cards import card_markdown, card_path
 
 pytestmark = pytest.mark.backend_independent
@@ -33,10 +34,7 @@ def test_bundled_card_loads_and_reports(repo_id):
     assert provenance["revision"] and provenance["source"]
     assert loaded.revision == provenance["revision"]
 
-    spec = from_config(loaded.config, model_id=repo_id)
-    report = build_report(
-        loaded, spec, seq_lens=[default_seq_len(spec)], batch=1, kv_dtype="bfloat16"
-    )
+    report = plan_config(loaded).to_dict()
     assert report["model"] == repo_id
     assert report["parameters"]["total"] > 0
     assert 0 < report["parameters"]["attention"] < report["parameters"]["total"]
@@ -57,3 +55,13 @@ def test_card_markdown_is_current(repo_id):
     assert path.read_text(encoding="utf-8") == card_markdown(repo_id), (
         f"{path} is stale: run python -m tools.render_bundled_cards"
     )
+
+
+@pytest.mark.parametrize("repo_id", BUNDLED)
+def test_plan_and_inspect_json_are_the_same_dict(repo_id, capsys):
+    # The one pipeline: the Python API's plan is the command's JSON, with devices too.
+    for flags, arguments in (([], {}), (["--gpu", "2xH100", "--seq-len", "32k"],
+                                        {"gpu": "2xH100", "seq_len": "32k"})):  # fmt: skip
+        assert cli.main(["inspect", f"bundled:{repo_id}", "--format", "json", *flags]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert keras_mha.plan(f"bundled:{repo_id}", **arguments).to_dict() == printed

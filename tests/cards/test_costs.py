@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from keras_mha.cards.costs import (
+from keras_mha.errors import ConfigError
+from keras_mha.planning.costs import (
     KV_DTYPE_BITS,
     ParameterCounts,
     kv_cache_cost,
     parameter_counts,
 )
-from keras_mha.cards.spec import from_config
-from keras_mha.errors import ConfigError
+from keras_mha.planning.spec import from_config
 
 pytestmark = pytest.mark.backend_independent
 

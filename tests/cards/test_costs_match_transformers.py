@@ -43,8 +43,8 @@ from pathlib import Path
 
 import pytest
 
-from keras_mha.cards.costs import kv_cache_cost, parameter_counts
-from keras_mha.cards.spec import from_config
+from keras_mha.planning.costs import kv_cache_cost, parameter_counts
+from keras_mha.planning.spec import from_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -9,25 +9,25 @@ import pytest
 
 import keras_mha
 from keras_mha import cli
-from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
-from keras_mha.cards.planner import memory
-from keras_mha.cards.planner.devices import DeviceSet, parse_devices
-from keras_mha.cards.planner.gpus import GPUS, find_gpu
-from keras_mha.cards.planner.inventory import weight_groups
-from keras_mha.cards.planner.placement import (
+from keras_mha.errors import UsageError
+from keras_mha.hub.bundled import list_bundled
+from keras_mha.hub.config import load_config
+from keras_mha.planning.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
+from keras_mha.planning.planner import memory
+from keras_mha.planning.planner.devices import DeviceSet, parse_devices
+from keras_mha.planning.planner.gpus import GPUS, find_gpu
+from keras_mha.planning.planner.inventory import weight_groups
+from keras_mha.planning.planner.placement import (
     Placement,
     kv_heads_per_device,
     pipeline_stages,
     tensor_parallel_problem,
     weights_by_part,
 )
-from keras_mha.cards.planner.quantization import checkpoint_format, dtype_format
-from keras_mha.cards.planner.serving import ServingModel
-from keras_mha.cards.planner.speed import expected_experts, speed_bounds
-from keras_mha.cards.spec import from_config
-from keras_mha.errors import UsageError
-from keras_mha.hub.bundled import list_bundled
-from keras_mha.hub.config import load_config
+from keras_mha.planning.planner.quantization import checkpoint_format, dtype_format
+from keras_mha.planning.planner.serving import ServingModel
+from keras_mha.planning.planner.speed import expected_experts, speed_bounds
+from keras_mha.planning.spec import from_config
 
 pytestmark = pytest.mark.backend_independent
 

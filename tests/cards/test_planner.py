@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_mha.cards.costs import ParameterCounts, kv_cache_cost, parameter_counts
-from keras_mha.cards.planner import memory
-from keras_mha.cards.planner.gpus import GPUS, find_gpu, known_gpu_names
-from keras_mha.cards.planner.quantization import dtype_format
-from keras_mha.cards.planner.units import normalize_dtype, parse_memory_size, parse_seq_lens
-from keras_mha.cards.spec import from_config
 from keras_mha.errors import UsageError
 from keras_mha.hub.bundled import list_bundled
 from keras_mha.hub.config import load_config
+from keras_mha.planning.costs import ParameterCounts, kv_cache_cost, parameter_counts
+from keras_mha.planning.planner import memory
+from keras_mha.planning.planner.gpus import GPUS, find_gpu, known_gpu_names
+from keras_mha.planning.planner.quantization import dtype_format
+from keras_mha.planning.planner.units import normalize_dtype, parse_memory_size, parse_seq_lens
+from keras_mha.planning.spec import from_config
 from tests.configs import tiny_llama
 
 pytestmark = pytest.mark.backend_independent

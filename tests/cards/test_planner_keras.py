@@ -7,10 +7,10 @@ import math
 import keras
 import pytest
 
-from keras_mha.cards.costs import parameter_counts
-from keras_mha.cards.planner import memory
-from keras_mha.cards.spec import from_config
 from keras_mha.models.rebuild import build_attention
+from keras_mha.planning.costs import parameter_counts
+from keras_mha.planning.planner import memory
+from keras_mha.planning.spec import from_config
 from tests.configs import tiny_llama
 
 # A small Llama: 4 query heads sharing 2 KV heads, 32 features, 2 layers.

@@ -18,10 +18,10 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.cards.costs import parameter_counts
-from keras_mha.cards.spec import from_config
 from keras_mha.layers import MultiHeadAttention
 from keras_mha.models import build_attention, load_attention_weights
+from keras_mha.planning.costs import parameter_counts
+from keras_mha.planning.spec import from_config
 
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 SENTENCES = [

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from keras_mha.cards.errors import CardError, ConfigError
-from keras_mha.cards.spec import ModelSpec, from_config
+from keras_mha.planning.errors import CardError, ConfigError
+from keras_mha.planning.spec import ModelSpec, from_config
 
 pytestmark = pytest.mark.backend_independent
 

@@ -28,17 +28,13 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from keras_mha.cards.costs import kv_cache_cost, parameter_counts  # noqa: E402
-from keras_mha.cards.rendering.report import (  # noqa: E402
-    build_report,
-    default_seq_len,
-    render_markdown,
-    render_table,
-)
-from keras_mha.cards.spec import from_config  # noqa: E402
 from keras_mha.errors import ConfigError  # noqa: E402
 from keras_mha.families import FAMILIES, KNOWN_MODEL_TYPES  # noqa: E402
 from keras_mha.hub.config import LoadedConfig  # noqa: E402
+from keras_mha.planning.costs import kv_cache_cost, parameter_counts  # noqa: E402
+from keras_mha.planning.plan import default_seq_len, plan_config  # noqa: E402
+from keras_mha.planning.render.report import render_markdown, render_table  # noqa: E402
+from keras_mha.planning.spec import from_config  # noqa: E402
 
 pytestmark = pytest.mark.backend_independent
 
@@ -191,10 +187,10 @@ def report_or_config_error(config: dict) -> None:
         cost = kv_cache_cost(spec, seq_len=seq_len, batch=3, kv_dtype="int4")
         assert cost.total_bytes >= 0 and cost.mha_equivalent_bytes >= 0
         loaded = LoadedConfig(config, "local", "fuzz/model", Path("config.json"), None)
-        report = build_report(loaded, spec, seq_lens=[seq_len], batch=1, kv_dtype="bfloat16")
-        assert report["parameters"]["total"] == counts.total
-        render_table(report)
-        render_markdown(report)
+        plan = plan_config(loaded, seq_lens=[seq_len], spec=spec)
+        assert plan.to_dict()["parameters"]["total"] == counts.total
+        render_table(plan)
+        render_markdown(plan)
 
 
 @SETTINGS

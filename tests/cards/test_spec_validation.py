@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from keras_mha import cli
-from keras_mha.cards.config_values import MAX_NESTING_DEPTH, shown
-from keras_mha.cards.costs import kv_cache_cost, parameter_counts
-from keras_mha.cards.spec import from_config
 from keras_mha.errors import ConfigError, KerasMHAError
+from keras_mha.planning.config_values import MAX_NESTING_DEPTH, shown
+from keras_mha.planning.costs import kv_cache_cost, parameter_counts
+from keras_mha.planning.spec import from_config
 from tests.cards.test_spec import mistral
 
 pytestmark = pytest.mark.backend_independent

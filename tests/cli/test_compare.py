@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from keras_mha import cli
-from keras_mha.cards.costs import kv_cache_cost
-from keras_mha.cards.planner import memory
-from keras_mha.cards.spec import from_config
 from keras_mha.commands import compare
 from keras_mha.hub.config import load_config
+from keras_mha.planning.costs import kv_cache_cost
+from keras_mha.planning.planner import memory
+from keras_mha.planning.spec import from_config
 
 pytestmark = pytest.mark.backend_independent
 

@@ -303,7 +303,7 @@ def test_cards_lists_the_bundled_cards(capsys):
 
 
 def test_kv_dtype_choices_match_the_cost_model():
-    from keras_mha.cards.costs import KV_DTYPE_BITS
-    from keras_mha.cards.planner.units import DTYPES
+    from keras_mha.planning.costs import KV_DTYPE_BITS
+    from keras_mha.planning.planner.units import DTYPES
 
     assert DTYPES == tuple(KV_DTYPE_BITS)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from keras_mha import cli
-from keras_mha.cards.planner import memory
-from keras_mha.cards.planner.gpus import known_gpu_names
-from keras_mha.cards.spec import from_config
 from keras_mha.hub.config import load_config
+from keras_mha.planning.planner import memory
+from keras_mha.planning.planner.gpus import known_gpu_names
+from keras_mha.planning.spec import from_config
 
 pytestmark = pytest.mark.backend_independent
 
@@ -112,7 +112,11 @@ def test_table_and_markdown_show_the_verdict_first(capsys):
     exit_code, out, _ = run_cli(capsys, "inspect", LLAMA_3, "--gpu", "rtx4090")
     assert exit_code == 0
     lines = out.splitlines()
-    assert lines[2].startswith("serving fits: yes, up to ") and "RTX 4090" in out
+    # What the model can use first, then what the memory would hold, in words.
+    assert lines[2].startswith("serving fits: yes, its whole 8,192-token context at batch 1")
+    assert "the memory would hold 52,724 tokens, more than the model can use" in " ".join(
+        line.strip() for line in lines[2:5]
+    )
     assert "memory (batch 1, 8,192 tokens, one device)" in out
     assert "training: does not fit" in out
     assert max(len(line) for line in lines) <= 80
@@ -121,11 +125,12 @@ def test_table_and_markdown_show_the_verdict_first(capsys):
     )
     assert exit_code == 0 and "## Memory" in out
     section = out.split("## Will it fit?\n\n", 1)[1]
-    assert section.startswith("**serving fits: yes, up to ") and "A100 80GB" in section
+    assert section.startswith("**serving fits: yes, its whole 8,192-token context at batch 1 on")
+    assert "A100 80GB" in section
 
 
 def test_table_shows_weights_per_dtype_and_part(capsys):
-    from keras_mha.cards.rendering.report import format_bytes
+    from keras_mha.planning.render.report import format_bytes
 
     report = inspect_json(capsys, "bundled:ai21labs/Jamba-v0.1")
     exit_code, out, _ = run_cli(capsys, "inspect", "bundled:ai21labs/Jamba-v0.1", "--wide")

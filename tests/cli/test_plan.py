@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keras_mha import cli
-from keras_mha.cards.planner import memory
-from keras_mha.cards.planner.quantization import checkpoint_format
-from keras_mha.cards.spec import from_config
 from keras_mha.commands import terminal
 from keras_mha.hub.bundled import list_bundled
 from keras_mha.hub.config import load_config
 from keras_mha.hub.weights_size import checkpoint_size, checkpoint_size_of_folder
+from keras_mha.planning.planner import memory
+from keras_mha.planning.planner.quantization import checkpoint_format
+from keras_mha.planning.spec import from_config
 from tests.cli.test_inspect import run_cli
 from tests.hub_server import hub_environment
 

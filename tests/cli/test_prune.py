@@ -9,6 +9,7 @@ their definitions. Bad input gives one line, the documented exit code and no out
 """
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -132,7 +133,7 @@ def _prune_json(capsys, *arguments):
 
 
 def _transformers_perplexity(folder, tokenizer_file, text, seq_len):
-    from keras_mha.commands.prune_data import decoder_windows, load_tokenizer
+    from keras_mha.data.text import decoder_windows, load_tokenizer
 
     windows = decoder_windows(load_tokenizer(tokenizer_file.parent), text, seq_len)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -223,8 +224,8 @@ def test_encoder_prune_with_heatmap(sources, tmp_path, capsys):
     assert export["heads_zeroed"] == 2 and export["num_attention_heads"] == 4
     assert heatmap.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # transformers reproduces the pruned model's embeddings (cosine to the original).
-    from keras_mha.commands.prune_data import encoder_sentences, load_tokenizer
     from keras_mha.commands.prune_report import mean_pooled_embeddings
+    from keras_mha.data.text import encoder_sentences, load_tokenizer
 
     data = encoder_sentences(load_tokenizer(sources["encoder"]), TEXT, 128)
     embeddings = []
@@ -265,11 +266,14 @@ def test_table_output_and_non_uniform_keras_model(sources, tmp_path, capsys):
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "removed 4 of 16 attention heads (magnitude, policy query, non-uniform" in captured.out
-    assert "KV-cache bytes / token" in captured.out and "perplexity" not in captured.out
+    text = captured.out.replace("\n  ", " ")  # sentences wrapped at 80 columns, joined
+    assert "removed 4 of 16 attention heads (magnitude, policy query, non-uniform" in text
+    assert "KV-cache bytes / token" in text and "perplexity" not in text
     # One query head from every KV group of one layer: the layers differ, so no Hub
     # config can describe the result; a .keras model is written instead.
-    assert "a .keras model (layers keep different head counts" in captured.out
+    assert "a .keras model (layers keep different head counts" in text
+    # 80 columns, sentences wrapped (a path longer than that is never cut).
+    assert all(len(line) <= 80 or " " not in line.strip() for line in captured.out.splitlines())
     assert [p.name for p in out.iterdir()] == ["model.keras"]
     import keras
 
@@ -357,7 +361,7 @@ def test_existing_output_folder_needs_overwrite(sources, tmp_path, capsys):
 
 @pytest.mark.backend_independent
 def test_encoder_batches_drop_only_padding_columns():
-    from keras_mha.commands.prune_data import ENCODER_LENGTH_MULTIPLE, EncoderData
+    from keras_mha.data.text import ENCODER_LENGTH_MULTIPLE, EncoderData
 
     lengths = np.array([3, 9, 2, 20, 4])
     mask = np.arange(24) < lengths[:, None]
@@ -407,7 +411,7 @@ def test_paired_latency_takes_turns_and_pairs_the_ratio(monkeypatch):
     [(5, 2, [(0, 2), (2, 5)]), (4, 2, [(0, 2), (2, 4)]), (3, 4, [(0, 3)]), (97, 16, None)],
 )
 def test_a_last_encoder_batch_of_one_sentence_joins_the_one_before(sentences, batch_size, bounds):
-    from keras_mha.commands.prune_data import EncoderData
+    from keras_mha.data.text import EncoderData
 
     data = EncoderData(
         np.ones((sentences, 3), "int32"), np.ones((sentences, 3), bool), 3 * sentences
@@ -416,3 +420,18 @@ def test_a_last_encoder_batch_of_one_sentence_joins_the_one_before(sentences, ba
         bounds = [(start, start + 16) for start in range(0, 80, 16)] + [(80, 97)]
     assert data.batch_bounds(batch_size) == bounds
     assert data.batch_tokens(batch_size) == [3 * (stop - start) for start, stop in bounds]
+
+
+@torch_leg_only
+def test_progress_draws_on_a_terminal_whatever_the_format(sources, tmp_path, capsys, monkeypatch):
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # stderr a terminal, stdout JSON
+    arguments = [
+        "prune", sources["decoder"], "--target", "50%", "--method", "taylor", "--data",
+        sources["text"], "--seq-len", "16", "--batch-size", "4", "--out", tmp_path / "o",
+        "--latency-runs", "1", "--format", "json",
+    ]  # fmt: skip
+    assert main([str(argument) for argument in arguments]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["flops_sequence_length"] == 16
+    assert "\r" in captured.err and " batches" in captured.err  # the scoring progress bar

@@ -59,8 +59,8 @@ def _convert_json(capsys, *arguments):
 
 @torch_leg_only
 def test_decoder_converts_uptrains_exports_and_reports(sources, tmp_path, capsys):
-    from keras_mha.commands.prune_data import decoder_windows, load_tokenizer
     from keras_mha.conversion.report import render_markdown, render_table
+    from keras_mha.data.text import decoder_windows, load_tokenizer
 
     out = tmp_path / "gqa"
     report = _convert_json(
@@ -112,6 +112,7 @@ def test_decoder_converts_uptrains_exports_and_reports(sources, tmp_path, capsys
     for text in (table, markdown):
         assert "KV heads per layer" in text and "perplexity (held out)" in text
     assert markdown.count("\n|") >= 6 and "uptrained" in table
+    assert all(len(line) <= 80 or " " not in line.strip() for line in table.splitlines())
 
 
 @torch_leg_only

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_mha import convert_attention
-from keras_mha.commands.prune_data import DecoderData
+from keras_mha.data.text import DecoderData
 from keras_mha.errors import ExportError, PruningError
 from keras_mha.layers import GroupedQueryAttention, MultiQueryAttention
 from keras_mha.pruning import find_attention_layers
@@ -152,8 +152,8 @@ TINY_DECODER = {
 
 
 def _tiny_decoder(weights=None):
-    from keras_mha.cards.spec import from_config
     from keras_mha.models import build_model
+    from keras_mha.planning.spec import from_config
 
     model = build_model(from_config(TINY_DECODER))
     if weights is not None:
@@ -204,8 +204,8 @@ def test_distillation_loss_is_the_kl_divergence_to_the_frozen_original(shipped_w
 
 @pytest.mark.backend_independent
 def test_uptraining_refusals(shipped_windows, tmp_path_factory):
-    from keras_mha.commands.prune_data import DecoderData
     from keras_mha.conversion import held_out_split, uptrain
+    from keras_mha.data.text import DecoderData
     from keras_mha.errors import UnsupportedModelError, UsageError
     from keras_mha.models import from_pretrained
 

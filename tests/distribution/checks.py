@@ -329,8 +329,8 @@ WHOLE_MODEL_CONFIG = {
 
 
 def check_whole_model():
-    from keras_mha.cards.spec import from_config
     from keras_mha.models import build_model
+    from keras_mha.planning.spec import from_config
 
     spec = from_config(WHOLE_MODEL_CONFIG)
     keras.utils.set_random_seed(0)
@@ -366,8 +366,8 @@ TENSOR_PARALLEL_LAYOUT = {
 def check_tensor_parallel_bytes(kv_heads):
     """Per-device bytes of a whole tiny Llama split tensor-parallel over 2 devices, and of
     one attention layer's KV cache split with it, from the shards JAX holds."""
-    from keras_mha.cards.spec import from_config
     from keras_mha.models import build_model
+    from keras_mha.planning.spec import from_config
 
     config = {**WHOLE_MODEL_CONFIG, "num_key_value_heads": kv_heads}
     spec = from_config(config)

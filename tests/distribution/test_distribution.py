@@ -394,11 +394,11 @@ class TestOnEightDevices:
         embedding and LM head by the vocabulary; MQA's one KV head replicated) holds on
         one device exactly the planner's per-device float32 weights, plus keras-mha's head
         gates (not checkpoint weights), and its KV cache holds the planner's share."""
-        from keras_mha.cards.planner.inventory import weight_groups
-        from keras_mha.cards.planner.placement import Placement, weights_by_part
-        from keras_mha.cards.planner.quantization import dtype_format
-        from keras_mha.cards.planner.serving import ServingModel
-        from keras_mha.cards.spec import from_config
+        from keras_mha.planning.planner.inventory import weight_groups
+        from keras_mha.planning.planner.placement import Placement, weights_by_part
+        from keras_mha.planning.planner.quantization import dtype_format
+        from keras_mha.planning.planner.serving import ServingModel
+        from keras_mha.planning.spec import from_config
 
         check = device_report["tensor_parallel_bytes"][kv_heads]
         assert check["ok"], check.get("error")

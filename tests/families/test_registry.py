@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from keras_mha.cards.config_values import ConfigReader
-from keras_mha.cards.spec import from_config
 from keras_mha.errors import ConfigError
 from keras_mha.families import (
     GENERIC_NAME,
@@ -27,6 +25,8 @@ from keras_mha.families import (
     unique_families,
 )
 from keras_mha.hub import bundled_config_path, list_bundled
+from keras_mha.planning.config_values import ConfigReader
+from keras_mha.planning.spec import from_config
 from tests.models_checkpoints import CASES
 
 pytestmark = pytest.mark.backend_independent

@@ -1,4 +1,4 @@
-"""`keras_mha.cards.load_config` against the real huggingface_hub and a local Hub look-alike.
+"""`keras_mha.hub.load_config` against the real huggingface_hub and a local Hub look-alike.
 
 Every Hub case goes through keras-mha's own GET (`keras_mha.hub.fetch`, over
 huggingface_hub's HTTP session) talking HTTP to `tests/hub_server.FakeHub`, which answers
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from keras_mha.cards import errors
 from keras_mha.hub.bundled import bundled_config_path, bundled_source, list_bundled
 from keras_mha.hub.config import LoadedConfig, load_config
+from keras_mha.planning import errors
 from tests.configs import tiny_llama
 from tests.hub_server import HubRepo, commit_hash, hub_environment
 

@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.cards.spec import from_config
 from keras_mha.models import DecoderModel, EncoderModel, build_model, generate
+from keras_mha.planning.spec import from_config
 from keras_mha.pruning import (
     HeadPruning,
     find_attention_layers,

@@ -12,8 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from keras_mha.commands import prune_data
-from keras_mha.commands.progress import ProgressBar, format_duration
+from keras_mha.data import text as text_data
 from keras_mha.errors import ExportError, PathError, UsageError
 from keras_mha.models.export_files import (
     INDEX_FILE_NAME,
@@ -26,6 +25,7 @@ from keras_mha.models.export_files import (
     parse_size,
     write_safetensors,
 )
+from keras_mha.progress import ProgressBar, format_duration
 
 pytestmark = pytest.mark.backend_independent
 
@@ -226,7 +226,7 @@ TEXT = (
 
 
 def test_decoder_windows_follow_the_tokenizer(bpe_with_bos):
-    data = prune_data.decoder_windows(bpe_with_bos, TEXT, seq_len=16)
+    data = text_data.decoder_windows(bpe_with_bos, TEXT, seq_len=16)
     bos = bpe_with_bos.token_to_id("<s>")
     stream = []
     for paragraph in TEXT.split("\n\n"):
@@ -239,7 +239,7 @@ def test_decoder_windows_follow_the_tokenizer(bpe_with_bos):
         content = stream[index * 15 : index * 15 + 16]
         assert data.inputs[index].tolist() == [bos] + content[:15]
         assert data.targets[index].tolist() == content
-    capped = prune_data.decoder_windows(bpe_with_bos, TEXT, seq_len=16, max_tokens=40)
+    capped = text_data.decoder_windows(bpe_with_bos, TEXT, seq_len=16, max_tokens=40)
     assert len(capped.inputs) == (40 - 1) // 15
     x, y, weights = capped.batches(batch_size=2)[0]
     assert x["token_ids"].shape == (2, 16) and x["padding_mask"].all() and weights is None
@@ -247,16 +247,16 @@ def test_decoder_windows_follow_the_tokenizer(bpe_with_bos):
 
 def test_decoder_data_too_short(bpe_with_bos):
     with pytest.raises(UsageError, match=r"--data: \d+ tokens is too short to score heads"):
-        prune_data.decoder_windows(bpe_with_bos, "Too short.", seq_len=64)
+        text_data.decoder_windows(bpe_with_bos, "Too short.", seq_len=64)
 
 
 def test_encoder_sentences_with_minilm_tokenizer():
     from tests.cards.test_rebuild_minilm import minilm_directory
 
-    tokenizer = prune_data.load_tokenizer(minilm_directory())
+    tokenizer = text_data.load_tokenizer(minilm_directory())
     text = "The cat sat.\nA dog barked loudly at the postman!  Why?\n\nEnd"
-    data = prune_data.encoder_sentences(tokenizer, text, seq_len=6)
-    assert prune_data.split_sentences(text) == [
+    data = text_data.encoder_sentences(tokenizer, text, seq_len=6)
+    assert text_data.split_sentences(text) == [
         "The cat sat.",
         "A dog barked loudly at the postman!",
         "Why?",
@@ -272,15 +272,15 @@ def test_encoder_sentences_with_minilm_tokenizer():
     assert data.token_ids[1, -1] == sep and data.padding_mask[1].all()
     assert data.num_tokens == int(data.padding_mask.sum())
     with pytest.raises(UsageError, match="at least 2 sentences"):
-        prune_data.encoder_sentences(tokenizer, "Only one sentence here", seq_len=16)
+        text_data.encoder_sentences(tokenizer, "Only one sentence here", seq_len=16)
 
 
 def test_reading_text_refusals(tmp_path):
     binary = tmp_path / "weights.bin"
     binary.write_bytes(b"\xff\xfe\x00\x80")
     with pytest.raises(PathError, match="is not UTF-8 text"):
-        prune_data.read_text(binary)
+        text_data.read_text(binary)
     with pytest.raises(PathError, match="does not exist"):
-        prune_data.read_text(tmp_path / "missing.txt")
+        text_data.read_text(tmp_path / "missing.txt")
     with pytest.raises(Exception, match="has no tokenizer.json"):
-        prune_data.load_tokenizer(tmp_path)
+        text_data.load_tokenizer(tmp_path)

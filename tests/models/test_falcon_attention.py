@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mha.cards.spec import from_config
 from keras_mha.models import build_attention, load_attention_weights
+from keras_mha.planning.spec import from_config
 
 ATOL = 1e-5
 BASE = {

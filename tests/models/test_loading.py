@@ -224,3 +224,14 @@ def test_eos_ends_rows_and_generation(llama):
     for row, end in enumerate(ends):
         np.testing.assert_array_equal(stopped[row, : end + 1], greedy[row, : end + 1])
         assert (stopped[row, end + 1 :] == eos[0]).all()
+
+
+def test_a_head_dim_gpt_neox_never_reads_loads_as_in_transformers(tmp_path_factory, tmp_path):
+    # transformers' GPTNeoXAttention derives hidden / heads and never reads `head_dim`: the
+    # checkpoint loads there, and here, with the same outputs (the planner costs the same).
+    made = checkpoint(tmp_path_factory, "gpt_neox")
+    folder = copy_checkpoint(made, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "head_dim": 32}))
+    model = from_pretrained(folder)
+    np.testing.assert_allclose(logits(model, made), made.reference, atol=ATOL, rtol=0)

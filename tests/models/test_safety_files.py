@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from keras_mha.cli import main
-from keras_mha.commands.prune_data import read_text
+from keras_mha.data.text import read_text
 from keras_mha.errors import CheckpointError, ExportError, PathError
 from keras_mha.models import export_files
 from keras_mha.models.export import source_files

@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from keras_mha.cards.spec import from_config
 from keras_mha.cli import main
 from keras_mha.errors import CheckpointError, ExportError, PathError, UsageError
 from keras_mha.models import build_model, from_pretrained, generate, limits, save_pretrained
 from keras_mha.models.safetensors_reader import SafetensorsCheckpoint
+from keras_mha.planning.spec import from_config
 from tests.configs import tiny_llama
 from tests.models import test_api as models_api
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from keras_mha.cards.planner.inventory import WeightGroup
-from keras_mha.cards.planner.quantization import WeightsFormat
-from keras_mha.cards.spec import ModelSpec
 from keras_mha.errors import UsageError
+from keras_mha.planning.planner.inventory import WeightGroup
+from keras_mha.planning.planner.quantization import WeightsFormat
+from keras_mha.planning.spec import ModelSpec
 
 PARTS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
 
@@ -108,7 +108,7 @@ def _on_stage(group: WeightGroup, stage: range, first: bool, last: bool) -> int:
 
 
 def _dtype_bytes(elements: int, dtype: str) -> int:
-    from keras_mha.cards.costs import KV_DTYPE_BITS
+    from keras_mha.planning.costs import KV_DTYPE_BITS
 
     return -(-elements * KV_DTYPE_BITS[dtype] // 8)
 
@@ -117,7 +117,7 @@ def group_bytes(group: WeightGroup, fmt: WeightsFormat, tensor_parallel: int = 1
     """Bytes of one of `group`'s tensors on one of `tensor_parallel` devices, in `fmt`.
 
     Example:
-        >>> from keras_mha.cards.planner.quantization import dtype_format
+        >>> from keras_mha.planning.planner.quantization import dtype_format
         >>> group = WeightGroup("mlp", "mlp", 256, 512, 1, (0,), "layer", "column")
         >>> group_bytes(group, dtype_format("bfloat16"), 2)  # 256 x 256 in 2 bytes
         131072
@@ -142,7 +142,7 @@ def weights_by_part(
     (`stage=None`) or those of one pipeline stage, split `tensor_parallel` ways.
 
     Example:
-        >>> from keras_mha.cards.planner.quantization import dtype_format
+        >>> from keras_mha.planning.planner.quantization import dtype_format
         >>> groups = [WeightGroup("mlp", "mlp", 4, 8, 2, (0, 1), "layer", "column")]
         >>> weights_by_part(groups, dtype_format("float32"), stage=range(0, 1))["mlp"]
         128
@@ -159,7 +159,7 @@ def quantization_overhead(groups: Sequence[WeightGroup], fmt: WeightsFormat) -> 
     """Bytes `fmt` adds beyond its bits per quantized weight: scales, zero points, indices.
 
     Example:
-        >>> from keras_mha.cards.planner.quantization import dtype_format
+        >>> from keras_mha.planning.planner.quantization import dtype_format
         >>> groups = [WeightGroup("mlp", "mlp", 256, 2, 1, (0,), "layer", "column")]
         >>> quantization_overhead(groups, dtype_format("int4"))
         8

@@ -7,6 +7,7 @@
   `f8`, `e4m3`, `i8`, `q8`, `i4`, `q4`, ...), any case.
 - Memory sizes: a number and a unit, `24GiB`, `80 GB`, `1.5TB`, `512MiB` (`KB`/`MB`/`GB`/
   `TB` are powers of 1000, `KiB`/`MiB`/`GiB`/`TiB` powers of 1024, any case; `B` bytes).
+- Any of them at most `MAX_FLAG_TEXT` (100) characters long.
 
 Each parser raises `keras_mha.errors.UsageError` with one line naming the flag, the
 value and what was expected. Nothing here imports more than the standard library.
@@ -41,12 +42,34 @@ DTYPE_ALIASES = {
 MAX_SEQ_LEN = 2**30
 # The largest memory size accepted: 2**60 bytes (an exbibyte).
 MAX_MEMORY_BYTES = 2**60
+# The longest text a length, size, element-type or device flag takes: far beyond any real
+# value ("4 x NVIDIA GeForce RTX 4090"), and a bound on the work and on the error message.
+MAX_FLAG_TEXT = 100
 _LENGTH_SUFFIXES = {"": 1, "k": 1024, "m": 1024**2}
 _MEMORY_UNITS = {
     "b": 1,
     "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }  # fmt: skip
+
+
+def bounded_text(text, *, flag: str) -> str:
+    """`str(text)` if it is at most `MAX_FLAG_TEXT` characters long, else UsageError
+    (quoting only its start: the whole of a hostile value would flood the terminal).
+
+    Example:
+        >>> bounded_text("H100", flag="--gpu")
+        'H100'
+    """
+    text = str(text)
+    if len(text) > MAX_FLAG_TEXT:
+        start = f"{text[:24]}..."
+        raise UsageError(
+            f"{flag} {start!r} is {len(text):,} characters long; expected at most {MAX_FLAG_TEXT}",
+            key=flag,
+            value=start,
+        )
+    return text
 
 
 def parse_seq_len(text: str, *, flag: str = "--seq-len") -> int:
@@ -56,7 +79,7 @@ def parse_seq_len(text: str, *, flag: str = "--seq-len") -> int:
         >>> parse_seq_len("32K"), parse_seq_len("1M")
         (32768, 1048576)
     """
-    item = str(text).strip().lower().replace("_", "")
+    item = bounded_text(text, flag=flag).strip().lower().replace("_", "")
     match = re.fullmatch(r"([0-9]+)([km]?)", item)
     if match is None:
         raise UsageError(
@@ -102,7 +125,7 @@ def normalize_dtype(text: str, *, flag: str = "--kv-dtype") -> str:
         >>> normalize_dtype("fp8"), normalize_dtype("Half")
         ('float8', 'float16')
     """
-    key = re.sub(r"[\s_\-]+", "", str(text).lower())
+    key = re.sub(r"[\s_\-]+", "", bounded_text(text, flag=flag).lower())
     if key in DTYPE_ALIASES:
         return DTYPE_ALIASES[key]
     raise UsageError(
@@ -120,7 +143,7 @@ def parse_memory_size(text: str, *, flag: str = "--memory") -> int:
         >>> parse_memory_size("1.5 TiB") == 3 * 2**39
         True
     """
-    item = str(text).strip().lower().replace("_", "").replace(",", "")
+    item = bounded_text(text, flag=flag).strip().lower().replace("_", "").replace(",", "")
     match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]i?b|b)", item)
     if match is None:
         raise UsageError(
@@ -156,6 +179,8 @@ def check_memory_bytes(size: int, *, flag: str = "--memory", text=None) -> int:
 
 __all__ = [
     "DTYPES",
+    "MAX_FLAG_TEXT",
+    "bounded_text",
     "check_memory_bytes",
     "DTYPE_ALIASES",
     "MAX_MEMORY_BYTES",

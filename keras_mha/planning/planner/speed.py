@@ -7,9 +7,9 @@ docs/concepts/memory-planner.md. Pure Python.
 
 Example:
     >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
-    >>> from keras_mha.cards.planner.gpus import find_gpu
-    >>> from keras_mha.cards.planner.serving import ServingModel
+    >>> from keras_mha.planning.spec import from_config
+    >>> from keras_mha.planning.planner.gpus import find_gpu
+    >>> from keras_mha.planning.planner.serving import ServingModel
     >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
     >>> bounds = speed_bounds(ServingModel(spec), find_gpu("H100"), batch=1, seq_len=8192)
     >>> round(bounds.decode_tokens_per_s)  # 3.35 TB/s over 15.01 GB + 1.07 GB
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from keras_mha.cards.costs import parameter_counts
-from keras_mha.cards.planner.gpus import GPU
-from keras_mha.cards.planner.serving import ServingModel
+from keras_mha.planning.costs import parameter_counts
+from keras_mha.planning.planner.gpus import GPU
+from keras_mha.planning.planner.serving import ServingModel
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,8 @@ def speed_bounds(serving: ServingModel, gpu: GPU, *, batch: int, seq_len: int) -
     devices (see the module docstring).
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
-        >>> from keras_mha.cards.planner.gpus import find_gpu
+        >>> from keras_mha.planning.spec import from_config
+        >>> from keras_mha.planning.planner.gpus import find_gpu
         >>> spec = from_config({"model_type": "llama", "hidden_size": 64,
         ...     "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
         ...     "vocab_size": 100})

@@ -1,8 +1,9 @@
 """A one-line progress bar on stderr: items, tokens, elapsed time and ETA.
 
-Drawn only on a terminal (`stream.isatty()`), so logs and pipes stay clean; the
-CLI also turns it off for `--format json`. It redraws at most every
-`min_interval` seconds and once more when finished.
+Drawn only on a terminal (`stream.isatty()`), so logs and pipes stay clean, whatever
+the output format (the report goes to stdout). It keeps within the terminal's width
+(the bar shrinks first, then the line is cut), redraws at most every `min_interval`
+seconds and once more when finished.
 
 Example:
     >>> bar = ProgressBar(total=40, unit="batches", total_tokens=20480, label="scoring")
@@ -13,8 +14,12 @@ Example:
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
+
+# The narrowest bar drawn before the line is cut instead.
+MIN_BAR_WIDTH = 5
 
 
 def format_duration(seconds: float) -> str:
@@ -42,8 +47,9 @@ class ProgressBar:
         label: what is being done (`"scoring heads"`).
         stream: where to draw; default `sys.stderr`.
         enabled: None draws only when `stream` is a terminal; True/False forces it.
-        width: characters of the bar itself.
+        width: characters of the bar itself, at most (it shrinks to fit `columns`).
         min_interval: seconds between redraws.
+        columns: the terminal's width (None: asked at each redraw, 80 when unknown).
         clock: the time source (for tests).
 
     Example:
@@ -67,6 +73,7 @@ class ProgressBar:
         width: int = 24,
         min_interval: float = 0.1,
         clock=time.monotonic,
+        columns: int | None = None,
     ):
         self.total = max(0, int(total))
         self.unit = unit
@@ -80,6 +87,7 @@ class ProgressBar:
         self.width = width
         self.min_interval = min_interval
         self.clock = clock
+        self.columns = columns
         self.done = 0
         self.tokens = 0
         self.started = clock()
@@ -95,13 +103,29 @@ class ProgressBar:
         if self._last_draw is None or now - self._last_draw >= self.min_interval:
             self._draw(now)
 
-    def line(self, now: float | None = None) -> str:
-        """The current line (without the carriage return)."""
+    def line(self, now: float | None = None, columns: int | None = None) -> str:
+        """The current line (without the carriage return), within `columns - 1`
+        characters when given (the last column left free: a full line wraps on some
+        terminals): the bar shrinks to `MIN_BAR_WIDTH`, then the line is cut.
+
+        Example:
+            >>> bar = ProgressBar(4, "batches", 4096, "scoring heads", clock=lambda: 0.0)
+            >>> bar.advance(1024)
+            >>> len(bar.line()), len(bar.line(columns=80)), bar.line(columns=80)[:36]
+            (87, 79, 'scoring heads [####------------] 1/4')
+        """
         now = self.clock() if now is None else now
+        text = self._compose(now, self.width)
+        if columns is None or len(text) < columns:
+            return text
+        bar_width = max(MIN_BAR_WIDTH, self.width - (len(text) - columns + 1))
+        return self._compose(now, bar_width)[: columns - 1]
+
+    def _compose(self, now: float, bar_width: int) -> str:
         elapsed = now - self.started
         fraction = self.done / self.total if self.total else 1.0
-        filled = int(round(fraction * self.width))
-        bar = "#" * filled + "-" * (self.width - filled)
+        filled = int(round(fraction * bar_width))
+        bar = "#" * filled + "-" * (bar_width - filled)
         parts = [f"{self.label} " if self.label else "", f"[{bar}] "]
         parts.append(f"{self.done}/{self.total} {self.unit}")
         if self.total_tokens is not None:
@@ -117,7 +141,8 @@ class ProgressBar:
         self._last_draw = now
         if not self.enabled or self._closed:
             return
-        text = self.line(now)
+        columns = self.columns or shutil.get_terminal_size((80, 24)).columns
+        text = self.line(now, columns)
         # Pad over what a longer previous line left on the terminal.
         padding = " " * max(0, self._last_length - len(text))
         self._last_length = len(text)

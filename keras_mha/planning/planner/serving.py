@@ -6,12 +6,12 @@ per-layer layout, the widest transient) and then answers `(batch, seq_len) -> by
 enough for the fit search; `serving_memory` is the same figure with its parts. With
 several devices every figure is that of the fullest device (the largest pipeline stage).
 The formulas are in docs/concepts/memory-planner.md; the placement rules in
-`keras_mha.cards.planner.placement`.
+`keras_mha.planning.planner.placement`.
 Pure Python.
 
 Example:
     >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
+    >>> from keras_mha.planning.spec import from_config
     >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
     >>> one = serving_memory(spec, batch=1, seq_len=8192)
     >>> two = serving_memory(spec, batch=1, seq_len=8192, placement=Placement(2, 1))
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost
-from keras_mha.cards.planner.inventory import WeightGroup, weight_groups
-from keras_mha.cards.planner.placement import Placement, kv_share, weights_by_part
-from keras_mha.cards.planner.quantization import WeightsFormat, dtype_format
-from keras_mha.cards.spec import ModelSpec
 from keras_mha.errors import UsageError
+from keras_mha.planning.costs import KV_DTYPE_BITS, kv_cache_cost
+from keras_mha.planning.planner.inventory import WeightGroup, weight_groups
+from keras_mha.planning.planner.placement import Placement, kv_share, weights_by_part
+from keras_mha.planning.planner.quantization import WeightsFormat, dtype_format
+from keras_mha.planning.spec import ModelSpec
 
 DEFAULT_PREFILL_CHUNK = 2048
 # Searches stop here: 2**40 tokens or sequences is "unbounded" for any memory size.
@@ -201,7 +201,7 @@ class ServingModel:
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:mistralai/Mistral-7B-v0.1").config)
         >>> serving = ServingModel(spec)
         >>> serving(2, 40000) == serving_memory(spec, batch=2, seq_len=40000).total_bytes
@@ -357,7 +357,7 @@ def serving_model(
     (the weights are counted per tensor).
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "llama", "hidden_size": 64,
         ...     "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
         ...     "vocab_size": 100})
@@ -381,7 +381,7 @@ def serving_memory(spec: ModelSpec, *, batch: int, seq_len: int, **options) -> S
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
         >>> memory = serving_memory(spec, batch=1, seq_len=8192)
         >>> memory.kv_cache_bytes

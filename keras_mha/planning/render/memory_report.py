@@ -1,256 +1,28 @@
-"""The planner's part of the inspect report: `memory` (one device holding the whole model),
-`fits` (what fits on the chosen devices, verdict first) and `speed_bounds`, built as
-JSON-ready dicts and rendered as text or markdown.
+"""The planner's part of the inspect report rendered: `memory` (one device holding the
+whole model), `fits` (what fits on the chosen devices, verdict first) and `speed_bounds`,
+as text or markdown, from the JSON form of a `Plan` (`keras_mha.planning.plan`).
 
-Keys are documented in docs/reference/json.md. The formulas live in
-`keras_mha.cards.planner`. Pure Python: no keras, backend or numpy import.
+Keys are documented in docs/reference/json.md. Pure Python: no keras, backend or numpy
+import.
 
 Example:
-    >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
-    >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
-    >>> entry = memory_entry(spec, batch=1, seq_len=8192, kv_dtype="bfloat16")
-    >>> entry["weights_bytes"]["bfloat16"], entry["weights_format"]["id"]
-    (16060522496, 'bfloat16')
+    >>> import keras_mha
+    >>> fits = keras_mha.plan("bundled:meta-llama/Meta-Llama-3-8B", gpu="H100").to_dict()["fits"]
+    >>> verdict(fits) == fits["verdict"]
+    True
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from keras_mha.cards.costs import ParameterCounts, parameter_counts
-from keras_mha.cards.planner import memory
-from keras_mha.cards.planner.devices import DeviceSet
-from keras_mha.cards.planner.gpus import GPU
-from keras_mha.cards.planner.inventory import weight_groups
-from keras_mha.cards.planner.placement import Placement, tensor_parallel_problem
-from keras_mha.cards.planner.quantization import WeightsFormat, checkpoint_format, dtype_format
-from keras_mha.cards.planner.serving import ServingModel
-from keras_mha.cards.rendering.formatting import (
+from keras_mha import moved_paths
+from keras_mha.planning.render.formatting import (
     format_bandwidth,
     format_bytes,
     format_flops,
     format_rate,
     format_seconds,
 )
-from keras_mha.cards.rendering.text import UNLIMITED, aligned, wrap
-
-
-@dataclass(frozen=True)
-class MemoryRequest:
-    """What the memory figures assume, beyond batch, length and KV dtype.
-
-    Attributes:
-        weights_dtype: serving weights (float32, bfloat16, float16, float8, int8, int4), or
-            None for the checkpoint's own format (its `quantization_config`, else its
-            `torch_dtype`).
-        prefill_chunk: tokens per prefill chunk for the serving workspace.
-        optimizer: adamw, adam, sgd-momentum or sgd.
-        precision: training precision: mixed (float32 master weights), bfloat16, float32.
-        devices: the devices to fit into (`--gpu` / `--memory`, `--gpus`, ...), or None.
-        memory_bytes, gpu: one device of this size, used whole (for callers that predate
-            `devices`; ignored when `devices` is given).
-
-    Example:
-        >>> MemoryRequest().weights_dtype is None
-        True
-    """
-
-    weights_dtype: str | None = None
-    prefill_chunk: int = memory.DEFAULT_PREFILL_CHUNK
-    optimizer: str = "adamw"
-    precision: str = "mixed"
-    memory_bytes: int | None = None
-    gpu: GPU | None = None
-    devices: DeviceSet | None = None
-
-    def device_set(self) -> DeviceSet | None:
-        """The devices to fit into, or None when none were named."""
-        if self.devices is not None:
-            return self.devices
-        if self.memory_bytes is None:
-            return None
-        return DeviceSet(1, self.memory_bytes, self.gpu, memory_utilization=1.0)
-
-
-def plan_format(spec, request: MemoryRequest) -> WeightsFormat:
-    """The weights format the plan uses: `--weights-dtype`, else the checkpoint's own.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> plan_format(SimpleNamespace(raw={"torch_dtype": "float16"}), MemoryRequest()).id
-        'float16'
-    """
-    if request.weights_dtype is not None:
-        return dtype_format(request.weights_dtype)
-    return checkpoint_format(getattr(spec, "raw", None) or {})
-
-
-def memory_entry(
-    spec,
-    *,
-    batch: int,
-    seq_len: int,
-    kv_dtype: str,
-    request: MemoryRequest | None = None,
-    counts: ParameterCounts | None = None,
-) -> dict:
-    """The report's `memory` entry: weights per dtype and in the plan's format, serving and
-    training of the whole model on one device, at the request.
-
-    Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
-        >>> entry = memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")
-        >>> entry["serving"]["weights_dtype"]  # gpt2's config says float32
-        'float32'
-    """
-    request = request or MemoryRequest()
-    counts = counts or parameter_counts(spec)
-    groups = weight_groups(spec)
-    by_dtype = memory.format_weights_by_dtype(spec, groups=groups)
-    fmt = plan_format(spec, request)
-    weights = memory.format_weights(spec, fmt, groups=groups)
-    serving = ServingModel(spec, weights_format=fmt, kv_dtype=kv_dtype,
-                           prefill_chunk=request.prefill_chunk, groups=groups)  # fmt: skip
-    training = memory.training_memory(
-        spec, batch=batch, seq_len=seq_len, optimizer=request.optimizer,
-        precision=request.precision, counts=counts,
-    )  # fmt: skip
-    serving_now = serving.memory(batch, seq_len)
-    return {
-        "weights_bytes": {dtype: value.total for dtype, value in by_dtype.items()},
-        "weights_bytes_by_part": {dtype: value.by_part for dtype, value in by_dtype.items()},
-        "weights_scale_bytes": {dtype: value.scale_bytes for dtype, value in by_dtype.items()},
-        "weights_format": {
-            **fmt.as_dict(),
-            "bytes": weights.total,
-            "by_part": weights.by_part,
-            "overhead_bytes": weights.scale_bytes,
-        },
-        "serving_bytes": serving_now.total_bytes,
-        "serving": serving_now.as_dict(),
-        "training_bytes": training.total_bytes,
-        "training_bytes_checkpointed": training.total_bytes_checkpointed,
-        "training": training.as_dict(),
-    }
-
-
-def fits_entry(
-    spec,
-    *,
-    batch: int,
-    seq_len: int,
-    kv_dtype: str,
-    request: MemoryRequest,
-    context_length: int | None = None,
-    counts: ParameterCounts | None = None,
-) -> dict:
-    """The report's `fits` entry: what fits on `request`'s devices (per device), the verdict
-    sentence and, when serving does not fit, `suggestions` that would.
-
-    Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
-        >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="bfloat16",
-        ...                   request=MemoryRequest(memory_bytes=2**30))
-        >>> fits["training_fits"], fits["max_batch"], fits["serving_fits"]
-        (False, 14, True)
-    """
-    devices = request.device_set()
-    fmt = plan_format(spec, request)
-    placement = Placement(devices.tensor_parallel, devices.pipeline_parallel)
-    plan = memory.plan_fit(
-        spec,
-        memory_bytes=devices.usable_memory_bytes,
-        batch=batch,
-        seq_len=seq_len,
-        kv_dtype=kv_dtype,
-        prefill_chunk=request.prefill_chunk,
-        optimizer=request.optimizer,
-        precision=request.precision,
-        counts=counts,
-        weights_format=fmt,
-        placement=placement,
-    )
-    entry = {
-        "memory_bytes": plan.memory_bytes,
-        "max_seq_len": plan.max_seq_len,
-        "max_batch": plan.max_batch,
-        "training_fits": plan.training_fits,
-    }
-    for key, value in plan.as_dict().items():
-        entry.setdefault(key, value)
-    entry["max_seq_len_unbounded"] = plan.max_seq_len is None
-    entry["context_length"] = context_length
-    entry["gpu"] = devices.gpu.name if devices.gpu else None
-    entry["gpu_memory_source"] = devices.gpu.source if devices.gpu else None
-    entry["device_memory_bytes"] = devices.memory_bytes
-    entry["memory_utilization"] = devices.memory_utilization
-    entry["devices"] = devices.as_dict()
-    entry["weights_format"] = fmt.id
-    entry["parallel_note"] = tensor_parallel_problem(spec, devices.tensor_parallel)
-    entry["suggestions"] = []
-    if not plan.serving_fits:
-        from keras_mha.cards.planner.suggestions import suggestions
-
-        entry["suggestions"] = suggestions(
-            spec, weights_format=fmt, devices=devices, batch=batch, seq_len=seq_len,
-            kv_dtype=kv_dtype, prefill_chunk=request.prefill_chunk,
-        )  # fmt: skip
-    entry["verdict"] = verdict(entry)
-    return entry
-
-
-def speed_entry(spec, *, batch: int, seq_len: int, kv_dtype: str, request: MemoryRequest):
-    """The report's `speed_bounds`: decode and prefill upper bounds on the request's
-    accelerators (`keras_mha.cards.planner.speed`); None without an accelerator or when
-    serving does not fit.
-
-    Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> from keras_mha.cards.planner.devices import parse_devices
-        >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
-        >>> request = MemoryRequest(devices=parse_devices(gpu="H100"))
-        >>> bounds = speed_entry(spec, batch=1, seq_len=8192, kv_dtype="bfloat16", request=request)
-        >>> bounds["decode_limited_by"], bounds["upper_bound"]
-        ('memory bandwidth', True)
-    """
-    from keras_mha.cards.planner.speed import speed_bounds
-
-    devices = request.device_set()
-    if devices is None or devices.gpu is None:
-        return None
-    serving = ServingModel(
-        spec,
-        weights_format=plan_format(spec, request),
-        kv_dtype=kv_dtype,
-        prefill_chunk=request.prefill_chunk,
-        placement=Placement(devices.tensor_parallel, devices.pipeline_parallel),
-    )
-    if serving(batch, seq_len) > devices.usable_memory_bytes:
-        return None
-    bounds = speed_bounds(serving, devices.gpu, batch=batch, seq_len=seq_len)
-    return {**bounds.as_dict(), "gpu": devices.gpu.name, "source": devices.gpu.spec_source}
-
-
-def fits_warnings(report: dict) -> list[str]:
-    """Warnings about the plan: what the weights format reading assumed, a tensor-parallel
-    size vLLM refuses.
-
-    Example:
-        >>> fits_warnings({"memory": {"weights_format": {"notes": ["x"]}}})
-        ['weights: x']
-    """
-    notes = [f"weights: {note}" for note in report["memory"]["weights_format"]["notes"]]
-    fits = report.get("fits") or {}
-    if fits.get("parallel_note"):
-        notes.append(fits["parallel_note"])
-    return notes
-
+from keras_mha.planning.render.text import UNLIMITED, aligned, wrap
 
 # -- the verdict ----------------------------------------------------------------------------------
 
@@ -293,8 +65,9 @@ def suggestion_text(suggestion: dict, fits: dict) -> str:
 
 
 def verdict(fits: dict) -> str:
-    """The answer in one sentence, e.g. `serving fits: yes, up to 531,224 tokens at batch 1
-    on H100 80GB SXM (bfloat16 weights, bfloat16 KV)`.
+    """The answer in one sentence, e.g. `serving fits: yes, its whole 8,192-token context at
+    batch 1 on H100 80GB SXM (bfloat16 weights, bfloat16 KV); the memory would hold 463,088
+    tokens, more than the model can use`: what the model can use, then what memory holds.
 
     Example:
         >>> verdict({"serving_fits": False, "weights_fit": False, "weights_bytes": 2**31,
@@ -304,11 +77,22 @@ def verdict(fits: dict) -> str:
     """
     what = f"({fits['weights_dtype']} weights, {fits['kv_dtype']} KV)"
     if fits["serving_fits"]:
-        if fits["max_seq_len"] is None:
+        memory, context = fits["max_seq_len"], fits.get("context_length")
+        beyond = ""
+        if memory is None:
             length = "a context unbounded by memory"
+        elif context and memory > context:
+            # Say what the model can use first; what memory would hold is not a promise.
+            length = f"its whole {context:,}-token context"
+            beyond = f"; the memory would hold {memory:,} tokens, more than the model can use"
+        elif context:
+            length = f"up to {memory:,} tokens of its {context:,}-token context"
         else:
-            length = f"up to {_length(fits['max_seq_len'], fits)} tokens"
-        return f"serving fits: yes, {length} at batch {fits['batch']:,} on {_where(fits)} {what}"
+            length = f"up to {memory:,} tokens"
+        return (
+            f"serving fits: yes, {length} at batch {fits['batch']:,} on {_where(fits)} "
+            f"{what}{beyond}"
+        )
     if not fits["weights_fit"]:
         text = (
             f"serving does not fit: the weights need {format_bytes(fits['weights_bytes'])} per "
@@ -492,10 +276,8 @@ def memory_table_lines(report: dict, width: int = 80) -> list[str]:
     """The memory (and fits and speed) section of the text report, within `width` columns.
 
     Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
-        >>> report = {"memory": memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")}
+        >>> import keras_mha
+        >>> report = keras_mha.plan("bundled:openai-community/gpt2", kv_dtype="int8").to_dict()
         >>> memory_table_lines(report)[1].startswith("memory (batch 1, 1,024 tokens")
         True
     """
@@ -523,12 +305,9 @@ def fits_table_lines(report: dict, width: int = 80) -> list[str]:
     dtype, training and notes.
 
     Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
-        >>> request = MemoryRequest(memory_bytes=2**30)
-        >>> fits = fits_entry(spec, batch=1, seq_len=1024, kv_dtype="int8", request=request)
-        >>> fits_table_lines({"fits": fits}, 80)[1].startswith("serving fits: yes")
+        >>> import keras_mha
+        >>> report = keras_mha.plan("bundled:openai-community/gpt2", memory="1GiB").to_dict()
+        >>> fits_table_lines(report, 80)[1].startswith("serving fits: yes")
         True
     """
     fits = report["fits"]
@@ -561,13 +340,9 @@ def speed_table_lines(bounds: dict, width: int = 80) -> list[str]:
     """The speed bounds, labelled as upper bounds.
 
     Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> from keras_mha.cards.planner.devices import parse_devices
-        >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
-        >>> request = MemoryRequest(devices=parse_devices(gpu="H100"))
-        >>> bounds = speed_entry(spec, batch=1, seq_len=8192, kv_dtype="bfloat16", request=request)
-        >>> speed_table_lines(bounds)[1]
+        >>> import keras_mha
+        >>> report = keras_mha.plan("bundled:meta-llama/Meta-Llama-3-8B", gpu="H100").to_dict()
+        >>> speed_table_lines(report["speed_bounds"])[1]
         'speed on H100 80GB SXM: upper bounds from memory bandwidth and peak FLOPS'
     """
     devices = bounds["devices"]
@@ -599,11 +374,8 @@ def memory_markdown_lines(report: dict) -> list[str]:
     "Will it fit?" section, placed near the top).
 
     Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> spec = from_config(load_config("bundled:openai-community/gpt2").config)
-        >>> report = {"memory": memory_entry(spec, batch=1, seq_len=1024, kv_dtype="int8")}
-        >>> memory_markdown_lines(report)[1]
+        >>> import keras_mha
+        >>> memory_markdown_lines(keras_mha.plan("bundled:openai-community/gpt2").to_dict())[1]
         '## Memory'
     """
     if "memory" not in report:
@@ -653,17 +425,16 @@ def fits_markdown_lines(report: dict) -> list[str]:
     return lines
 
 
+def __getattr__(name):
+    # MemoryRequest and plan_format moved to keras_mha.planning.planner.request in 0.4.
+    return moved_paths.moved_attribute(__name__, name)
+
+
 __all__ = [
-    "MemoryRequest",
-    "fits_entry",
     "fits_markdown_lines",
     "fits_table_lines",
-    "fits_warnings",
-    "memory_entry",
     "memory_markdown_lines",
     "memory_table_lines",
-    "plan_format",
-    "speed_entry",
     "speed_table_lines",
     "suggestion_text",
     "verdict",

@@ -26,8 +26,8 @@ every decoder layer over the encoder's tokens. See `KVCacheCost` for the definit
 Nothing here imports keras, a backend, numpy or transformers.
 
 Example:
-    >>> from keras_mha.cards.spec import from_config
-    >>> from keras_mha.cards.costs import kv_cache_cost, parameter_counts
+    >>> from keras_mha.planning.spec import from_config
+    >>> from keras_mha.planning.costs import kv_cache_cost, parameter_counts
     >>> spec = from_config({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
     ...     "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
     ...     "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256,
@@ -42,8 +42,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from keras_mha.cards.spec import ModelSpec
 from keras_mha.families import VISION_TOWER_LAYOUTS, family_for
+from keras_mha.planning.spec import ModelSpec
 
 # Bits per cached element; int4 packs two elements in a byte.
 KV_DTYPE_BITS = {
@@ -322,7 +322,7 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
         `ParameterCounts` with the total and its parts (see the module docstring).
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
         ...     "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
         ...     "vocab_size": 50257})
@@ -446,7 +446,7 @@ def kv_cache_cost(
         ValueError: a bad `kv_dtype`, `mla_cache`, `seq_len`, `batch` or `encoder_seq_len`.
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "mistral", "hidden_size": 4096,
         ...     "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
         ...     "intermediate_size": 14336, "vocab_size": 32000, "sliding_window": 4096})

@@ -1,4 +1,6 @@
-"""Build the `keras-mha inspect` report (a JSON-ready dict) and render it as text or markdown.
+"""Render a `Plan` (`keras_mha.planning.plan`) as the `keras-mha inspect` report: aligned
+text (`render_table`) or a markdown model card (`render_markdown`). Both read the plan's
+JSON form (`Plan.to_dict()`, which is `--format json`); they compute nothing.
 
 The report's core keys never change meaning (docs/reference/json.md, "The contract"):
 
@@ -14,7 +16,7 @@ Extra keys add detail: `revision`, `commit`, `source_note`, `architecture`,
 (multimodal vision tower + projector, else null), `kv_cache_by_seq_len`
 (one `kv_cache`-shaped entry per requested length, in the order asked),
 `bundled_card` (provenance of a bundled snapshot) and `warnings`; with a memory size,
-`fits` and `speed_bounds` (keras_mha.cards.rendering.memory_report).
+`fits` and `speed_bounds` (keras_mha.planning.render.memory_report).
 
 With several sequence lengths, `kv_cache` is the LAST one requested (so
 `--seq-len 4096,32768` reports 32768 there) and `kv_cache_by_seq_len` lists all.
@@ -22,222 +24,28 @@ With several sequence lengths, `kv_cache` is the LAST one requested (so
 Pure Python: nothing here imports keras, a backend or huggingface_hub.
 
 Example:
-    >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
-    >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
-    >>> spec = from_config(loaded.config, model_id=loaded.model_id)
-    >>> report = build_report(loaded, spec, seq_lens=[8192], batch=1, kv_dtype="bfloat16")
-    >>> report["kv_cache"]["total_bytes"]
-    1073741824
+    >>> import keras_mha
+    >>> text = render_markdown(keras_mha.plan("bundled:meta-llama/Meta-Llama-3-8B"))
+    >>> text.splitlines()[0]
+    '# meta-llama/Meta-Llama-3-8B'
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from keras_mha.cards.costs import KV_DTYPE_BITS, kv_cache_cost, parameter_counts
-from keras_mha.cards.rendering import memory_report
-from keras_mha.cards.rendering.formatting import format_bytes, format_count, format_thousands
-from keras_mha.cards.rendering.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
-from keras_mha.hub import bundled
+from keras_mha import moved_paths
+from keras_mha.planning.render import memory_report
+from keras_mha.planning.render.formatting import format_bytes, format_count, format_thousands
+from keras_mha.planning.render.text import DEFAULT_WIDTH, aligned, wrap, wrap_markdown
 from keras_mha.safe_text import visible
 
-# Default context for the KV-cache figures: the model's own context length, capped here so
-# that reports of long-context models stay comparable with the rest.
-DEFAULT_SEQ_LEN_CAP = 8192
-
-KV_CACHE_KEYS = (
-    "dtype",
-    "batch",
-    "seq_len",
-    "bytes_per_token",
-    "total_bytes",
-    "mha_equivalent_bytes",
-)
 PARAMETER_BREAKDOWN_KEYS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
 # The row under `other` that says how much of it is a multimodal model's vision side.
 VISION_LABEL = "of which vision tower + projector"
-LAYER_KINDS = ("full", "sliding", "none")
-
-# Config keys that hold the context length, in the order the families use them.
-_CONTEXT_LENGTH_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_sequence_length",
-    "max_seq_len",
-    "seq_length",
-    "n_ctx",
-)
 
 
-def context_length(spec) -> int | None:
-    """The model's context length from its config (top level, then `text_config`), or None.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> context_length(SimpleNamespace(raw={"max_position_embeddings": 4096}))
-        4096
-    """
-    explicit = getattr(spec, "max_position_embeddings", None)
-    if isinstance(explicit, int) and explicit > 0:
-        # RoBERTa's position table also holds the rows up to its padding index.
-        padding = getattr(spec, "position_padding_idx", None)
-        return explicit if padding is None else explicit - padding - 1
-    raw = getattr(spec, "raw", None) or {}
-    for config in (raw, raw.get("text_config") or {}, raw.get("llm_config") or {}):
-        if not isinstance(config, dict):
-            continue
-        for key in _CONTEXT_LENGTH_KEYS:
-            value = config.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-def default_seq_len(spec) -> int:
-    """The model's context length capped at `DEFAULT_SEQ_LEN_CAP` (8192); 8192 when unknown.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> default_seq_len(SimpleNamespace(raw={"n_positions": 1024}))
-        1024
-        >>> default_seq_len(SimpleNamespace(raw={"max_position_embeddings": 131072}))
-        8192
-    """
-    length = context_length(spec)
-    return DEFAULT_SEQ_LEN_CAP if length is None else min(length, DEFAULT_SEQ_LEN_CAP)
-
-
-def build_report(
-    loaded,
-    spec,
-    *,
-    seq_lens: Sequence[int],
-    batch: int = 1,
-    kv_dtype: str = "bfloat16",
-    memory_request=None,
-    checkpoint_size=None,
-) -> dict:
-    """The inspect report for one model, as a JSON-ready dict (keys: see the module docstring).
-
-    Args:
-        loaded: the `LoadedConfig` the spec was read from (source, model id, revision).
-        spec: the normalised `ModelSpec`.
-        seq_lens: one or more sequence lengths for the KV-cache figures; `kv_cache`
-            holds the last one.
-        batch: batch size for the KV-cache figures.
-        kv_dtype: KV-cache element type (float32, bfloat16, float16, float8, int8, int4).
-        memory_request: a `memory_report.MemoryRequest` (weights dtype, optimizer, ...,
-            and the memory size for `fits`); defaults when None. `memory` (and `fits`)
-            are computed at `batch` and the last sequence length.
-
-    Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> loaded = load_config("bundled:openai-community/gpt2")
-        >>> spec = from_config(loaded.config, model_id=loaded.model_id)
-        >>> build_report(loaded, spec, seq_lens=[1024])["attention"]["kind"]
-        'MHA'
-    """
-    seq_lens = list(seq_lens)
-    if not seq_lens:
-        raise ValueError("seq_lens=[] must hold at least one sequence length")
-    for seq_len in seq_lens:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
-            raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        raise ValueError(f"batch={batch!r} must be a positive integer")
-
-    counts = parameter_counts(spec)
-    count_values = counts.as_dict()
-    kv_by_seq_len = [_kv_cache_entry(spec, seq_len, batch, kv_dtype) for seq_len in seq_lens]
-    kind_counts = spec.layer_kind_counts()
-
-    report = {
-        "model": loaded.model_id,
-        "source": loaded.source,
-        "model_type": spec.model_type,
-        "attention": {
-            "kind": spec.attention_kind,
-            "num_layers": spec.num_layers,
-            "num_attention_heads": spec.num_attention_heads,
-            "num_key_value_heads": spec.num_key_value_heads,
-            "head_dim": spec.head_dim,
-            "sliding_window": spec.sliding_window,
-            "layer_kinds": {kind: int(kind_counts.get(kind, 0)) for kind in LAYER_KINDS},
-            "num_hidden_layers": spec.num_hidden_layers,
-            "hidden_size": spec.hidden_size,
-            "is_encoder_decoder": bool(spec.is_encoder_decoder),
-        },
-        "parameters": {
-            "total": counts.total,
-            "attention": counts.attention,
-            "active": counts.active,
-            "breakdown": {key: count_values.get(key) for key in PARAMETER_BREAKDOWN_KEYS},
-            # Multimodal: the vision tower and projector, inside `breakdown.other`.
-            "vision": counts.vision if spec.vision is not None else None,
-        },
-        "kv_cache": dict(kv_by_seq_len[-1]),
-        "kv_cache_by_seq_len": kv_by_seq_len,
-        "revision": loaded.revision,
-        "commit": getattr(loaded, "commit", None),
-        "source_note": loaded.note,
-        "architecture": spec.architecture,
-        "vocab_size": spec.vocab_size,
-        "context_length": context_length(spec),
-        "warnings": list(spec.warnings),
-    }
-    memory_request = memory_request or memory_report.MemoryRequest()
-    request = dict(batch=batch, seq_len=seq_lens[-1], kv_dtype=kv_dtype, request=memory_request)
-    report["memory"] = memory_report.memory_entry(spec, **request, counts=counts)
-    report["memory"]["checkpoint_bytes"] = checkpoint_size.as_dict() if checkpoint_size else None
-    if memory_request.device_set() is not None:
-        report["fits"] = memory_report.fits_entry(
-            spec, **request, context_length=report["context_length"], counts=counts
-        )
-        report["speed_bounds"] = memory_report.speed_entry(spec, **request)
-    report["warnings"] += _beyond_context_warnings(seq_lens, report["context_length"])
-    report["warnings"] += memory_report.fits_warnings(report)
-    if loaded.source == "bundled":
-        provenance = bundled.bundled_source(loaded.model_id)
-        report["bundled_card"] = {
-            key: provenance.get(key) for key in ("repo_id", "revision", "source", "notes")
-        }
-    return report
-
-
-def _kv_cache_entry(spec, seq_len: int, batch: int, kv_dtype: str) -> dict:
-    """The contract's keys first, read as attributes (their meaning is fixed), then extras.
-
-    `marginal_bytes_per_token` is what one more token adds to one sequence at this length:
-    `bytes_per_token` while no sliding window is full, less once windows are full.
-    """
-    cost = kv_cache_cost(spec, seq_len=seq_len, batch=batch, kv_dtype=kv_dtype)
-    entry = {key: getattr(cost, key) for key in KV_CACHE_KEYS}
-    for key, value in cost.as_dict().items():
-        entry.setdefault(key, value)
-    entry["marginal_bytes_per_token"] = _marginal_bytes_per_token(cost, spec)
-    return entry
-
-
-def _marginal_bytes_per_token(cost, spec) -> int:
-    if not cost.applicable:
-        return 0
-    longer = kv_cache_cost(spec, seq_len=cost.seq_len + 1, batch=1, kv_dtype=cost.dtype)
-    now = sum(layer.elements for layer in cost.layers)
-    grown = sum(layer.elements for layer in longer.layers)
-    return -(-(grown - now) * KV_DTYPE_BITS[cost.dtype] // 8)
-
-
-def _beyond_context_warnings(seq_lens, context: int | None) -> list[str]:
-    if not context:
-        return []
-    return [
-        f"--seq-len {seq_len:,} is beyond the model's context length of {context:,} tokens; "
-        "the figures extrapolate the formulas, the model was not trained that long"
-        for seq_len in dict.fromkeys(seq_lens)
-        if seq_len > context
-    ]
+def _report(plan) -> dict:
+    """The JSON form the renderers read: a `Plan`'s `to_dict()`, or that dict already."""
+    return plan if isinstance(plan, dict) else plan.to_dict()
 
 
 def _saving(entry: dict) -> str:
@@ -327,21 +135,18 @@ def _escaped(value, escape):
 # -- renderers ---------------------------------------------------------------------------------
 
 
-def render_table(report: dict, width: int = DEFAULT_WIDTH) -> str:
+def render_table(plan, width: int = DEFAULT_WIDTH) -> str:
     """Readable aligned text within `width` columns (`text.UNLIMITED`: no wrapping): with a
     memory size, the verdict first; then the attention layout, parameters with breakdown,
     KV cache per length, memory, speed bounds and warnings.
 
     Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
-        >>> spec = from_config(loaded.config, model_id=loaded.model_id)
-        >>> text = render_table(build_report(loaded, spec, seq_lens=[8192]))
+        >>> import keras_mha
+        >>> text = render_table(keras_mha.plan("bundled:meta-llama/Meta-Llama-3-8B"))
         >>> "8,030,261,248" in text, max(len(line) for line in text.splitlines()) <= 80
         (True, True)
     """
-    report = _escaped(report, terminal_text)
+    report = _escaped(_report(plan), terminal_text)
     attention = report["attention"]
     parameters = report["parameters"]
     rows: list[tuple[str, str]] = [
@@ -466,18 +271,15 @@ def _sliding_text(attention: dict) -> str:
     return f"{window:,} tokens in {sliding_layers} layers"
 
 
-def render_markdown(report: dict) -> str:
+def render_markdown(plan) -> str:
     """A markdown model card: summary, attention, parameters, KV cache, source and warnings.
 
     Example:
-        >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> loaded = load_config("bundled:meta-llama/Meta-Llama-3-8B")
-        >>> spec = from_config(loaded.config, model_id=loaded.model_id)
-        >>> render_markdown(build_report(loaded, spec, seq_lens=[8192])).splitlines()[0]
+        >>> import keras_mha
+        >>> render_markdown(keras_mha.plan("bundled:meta-llama/Meta-Llama-3-8B")).splitlines()[0]
         '# meta-llama/Meta-Llama-3-8B'
     """
-    report = _escaped(report, markdown_text)
+    report = _escaped(_report(plan), markdown_text)
     attention = report["attention"]
     parameters = report["parameters"]
     kv = report["kv_cache"]
@@ -586,11 +388,13 @@ def render_markdown(report: dict) -> str:
     return "\n".join(wrap_markdown(lines))
 
 
+def __getattr__(name):
+    # context_length, default_seq_len and DEFAULT_SEQ_LEN_CAP moved to keras_mha.planning.plan
+    # in 0.4, with the report's computation (build_report is `plan_config(...).to_dict()`).
+    return moved_paths.moved_attribute(__name__, name)
+
+
 __all__ = [
-    "DEFAULT_SEQ_LEN_CAP",
-    "build_report",
-    "context_length",
-    "default_seq_len",
     "format_bytes",
     "format_count",
     "markdown_text",

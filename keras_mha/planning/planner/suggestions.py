@@ -9,9 +9,9 @@ of 8 devices (2 to 8 stages). Pure Python.
 
 Example:
     >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
-    >>> from keras_mha.cards.planner.devices import parse_devices
-    >>> from keras_mha.cards.planner.quantization import dtype_format
+    >>> from keras_mha.planning.spec import from_config
+    >>> from keras_mha.planning.planner.devices import parse_devices
+    >>> from keras_mha.planning.planner.quantization import dtype_format
     >>> spec = from_config(load_config("bundled:meta-llama/Llama-3.1-70B").config)
     >>> found = suggestions(spec, weights_format=dtype_format("bfloat16"),
     ...     devices=parse_devices(gpu="H100"), batch=1, seq_len=8192, kv_dtype="bfloat16")
@@ -21,13 +21,13 @@ Example:
 
 from __future__ import annotations
 
-from keras_mha.cards.costs import KV_DTYPE_BITS
-from keras_mha.cards.planner.devices import DeviceSet
-from keras_mha.cards.planner.inventory import weight_groups
-from keras_mha.cards.planner.placement import Placement, tensor_parallel_problem
-from keras_mha.cards.planner.quantization import GENERIC_DTYPES, WeightsFormat, dtype_format
-from keras_mha.cards.planner.serving import DEFAULT_PREFILL_CHUNK, ServingModel
-from keras_mha.cards.spec import ModelSpec
+from keras_mha.planning.costs import KV_DTYPE_BITS
+from keras_mha.planning.planner.devices import DeviceSet
+from keras_mha.planning.planner.inventory import weight_groups
+from keras_mha.planning.planner.placement import Placement, tensor_parallel_problem
+from keras_mha.planning.planner.quantization import GENERIC_DTYPES, WeightsFormat, dtype_format
+from keras_mha.planning.planner.serving import DEFAULT_PREFILL_CHUNK, ServingModel
+from keras_mha.planning.spec import ModelSpec
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
 MAX_PIPELINE_STAGES = 8

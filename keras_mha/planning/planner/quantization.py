@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from keras_mha.cards.costs import KV_DTYPE_BITS
+from keras_mha.planning.costs import KV_DTYPE_BITS
 
 PLAIN_DTYPES = ("float32", "bfloat16", "float16")
 GENERIC_DTYPES = ("float8", "int8", "int4")
@@ -234,6 +234,21 @@ class _Reader:
             raise _Unreadable
         return value
 
+    def block(self, key: str) -> tuple[int, int] | None:
+        """A weight block `[n, k]` of two positive integers (booleans are not: `true` is no
+        block size), or None when the key is absent."""
+        value = self.config.get(key)
+        if value is None:
+            return None
+        if not (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value)
+        ):
+            self.notes.append(f"{self.where}.{key} = {value!r} is not [n, k]")
+            raise _Unreadable
+        return value[0], value[1]
+
     def text(self, key: str, default: str | None = None) -> str | None:
         value = self.config.get(key, default)
         if value is not None and not isinstance(value, str):
@@ -278,23 +293,16 @@ _SKIP_WORDS = (
 
 
 def _fp8(reader: _Reader, dtype: str) -> WeightsFormat:
-    block = reader.config.get("weight_block_size")
+    block = reader.block("weight_block_size")
     scale_bytes = 1 if reader.text("scale_fmt") == "ue8m0" else 4
     if block is None:
         rule = lambda size_in, size_out: size_in * size_out + 4  # noqa: E731 - per tensor
         shape = "one float32 scale per tensor"
         name = "fp8-tensor"
-    elif (
-        isinstance(block, list)
-        and len(block) == 2
-        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in block)
-    ):
+    else:
         rule = _fp8_block(block[0], block[1], scale_bytes)
         shape = f"a {'ue8m0' if scale_bytes == 1 else 'float32'} scale per {block[0]}x{block[1]}"
         name = f"fp8-block{block[0]}x{block[1]}"
-    else:
-        reader.notes.append(f"quantization_config.weight_block_size = {block!r} is not [n, k]")
-        raise _Unreadable
     roles = BLOCK_ROLES - _skipped_roles(reader, "modules_to_not_convert")
     return WeightsFormat(name, f"float8 weights, {shape} block", "fp8", 8, dtype, roles, rule,
                          fp8_compute=True)  # fmt: skip
@@ -386,13 +394,9 @@ def _compressed_tensors(reader: _Reader, dtype: str) -> WeightsFormat:
     group_size = inner.group_size("group_size", 128) if strategy in ("group", "tensor_group") else 0
     storage = reader.text("format") or (group.get("format") or "").lower() or "naive-quantized"
     scale_bytes = KV_DTYPE_BITS.get(inner.text("scale_dtype") or dtype, 16) // 8
-    block = inner.config.get("block_structure")
-    if strategy == "block" and not (
-        isinstance(block, list)
-        and len(block) == 2
-        and all(isinstance(n, int) and n > 0 for n in block)
-    ):
-        reader.notes.append(f"{inner.where}.block_structure = {block!r} is not [n, k]")
+    block = inner.block("block_structure") if strategy == "block" else None
+    if strategy == "block" and block is None:
+        inner.notes.append(f"{inner.where}.block_structure is missing for strategy 'block'")
         raise _Unreadable
     if strategy not in (*_CT_SCALES, "block"):
         reader.notes.append(f"{inner.where}.strategy = {strategy!r} is not known")

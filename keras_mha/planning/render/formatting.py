@@ -112,3 +112,17 @@ def _three_figures(value: float, units: tuple[tuple[float, str], ...]) -> str:
     significant figures."""
     scale, name = next(((scale, name) for scale, name in units if value >= scale), units[-1])
     return f"{value / scale:.3g} {name}"
+
+
+def format_number(value, digits=None):
+    """A figure for a table: thousands separated, `digits` decimals for floats, "—" for None.
+
+    Example:
+        >>> format_number(1234567), format_number(3.14159, 2), format_number(None)
+        ('1,234,567', '3.14', '—')
+    """
+    if value is None:
+        return "—"
+    if isinstance(value, float) and digits is not None:
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"

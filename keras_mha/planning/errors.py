@@ -1,7 +1,7 @@
 """The model-card errors, re-exported from `keras_mha.errors` (where every error lives).
 
 Example:
-    >>> from keras_mha.cards.errors import ConfigError
+    >>> from keras_mha.planning.errors import ConfigError
     >>> ConfigError("config.json: missing 'num_attention_heads'").exit_code
     9
 """

@@ -20,7 +20,7 @@ The groups add up to `parameter_counts(spec)`, part by part (a test checks it fo
 bundled card). Pure Python.
 
 Example:
-    >>> from keras_mha.cards.spec import from_config
+    >>> from keras_mha.planning.spec import from_config
     >>> spec = from_config({"model_type": "llama", "hidden_size": 64,
     ...     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
     ...     "intermediate_size": 128, "vocab_size": 100})
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keras_mha.cards.costs import parameter_counts
-from keras_mha.cards.spec import ModelSpec
+from keras_mha.planning.costs import parameter_counts
+from keras_mha.planning.spec import ModelSpec
 
 SPLITS = ("column", "row", "kv", "vocab", "split", "replicated")
 # The roles of linear layers' weight matrices; everything else is a vector or table.
@@ -241,7 +241,7 @@ def weight_groups(spec: ModelSpec) -> tuple[WeightGroup, ...]:
     """Every weight of `spec`, grouped by shape (see the module docstring).
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4,
         ...     "n_layer": 2, "n_positions": 128, "vocab_size": 100})
         >>> sum(group.elements for group in weight_groups(spec)) == parameter_counts(spec).total

@@ -6,11 +6,11 @@ DBRX's `attn_config.kv_n_heads`, ...). `from_config` reads the raw dict, never
 transformers, and returns one frozen `ModelSpec` with the same names for every
 family: head counts, head size, which layers hold full, sliding-window or no
 attention, MLA ranks, MoE sizes, biases, norms, RoPE and soft caps. The cost model
-(`keras_mha.cards.costs`) and the layer rebuilder read only this dataclass.
+(`keras_mha.planning.costs`) and the layer rebuilder read only this dataclass.
 
 The spellings, defaults and traits of each family are data (one module per family in
 `keras_mha.families`); every value passes
-through one validation layer (`keras_mha.cards.config_values`): a wrong type, NaN, a
+through one validation layer (`keras_mha.planning.config_values`): a wrong type, NaN, a
 negative or absurd size, a malformed sub-object or inconsistent fields raise
 `ConfigError` naming the key, the value and what was expected.
 
@@ -24,7 +24,7 @@ looked for and the model type.
 Only the standard library is imported, so `keras-mha inspect` starts fast.
 
 Example:
-    >>> from keras_mha.cards.spec import from_config
+    >>> from keras_mha.planning.spec import from_config
     >>> spec = from_config({
     ...     "model_type": "llama", "architectures": ["LlamaForCausalLM"],
     ...     "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -40,7 +40,6 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from keras_mha.cards.config_values import ConfigReader, copy_json_config, shown
 from keras_mha.errors import ConfigError
 from keras_mha.families import (
     GENERIC_NAME,
@@ -51,6 +50,7 @@ from keras_mha.families import (
     generic_family,
     read_family,
 )
+from keras_mha.planning.config_values import ConfigReader, copy_json_config, shown
 
 LAYER_KINDS = ("full", "sliding", "none")
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")

@@ -16,7 +16,7 @@ Pure Python.
 Formulas and how they were checked: docs/concepts/memory-planner.md.
 
 Example:
-    >>> from keras_mha.cards.planner.devices import parse_devices
+    >>> from keras_mha.planning.planner.devices import parse_devices
     >>> parse_devices(gpu="2xH100").name
     '2x H100 80GB SXM'
 """

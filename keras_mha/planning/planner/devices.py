@@ -23,18 +23,19 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass
 
-from keras_mha.cards.planner import units
-from keras_mha.cards.planner.gpus import AMBIGUOUS, GPU, find_gpu, lookup_gpu, normalize_gpu_name
 from keras_mha.errors import UsageError
+from keras_mha.planning.planner import units
+from keras_mha.planning.planner.gpus import AMBIGUOUS, GPU, find_gpu, lookup_gpu, normalize_gpu_name
 
 DEFAULT_MEMORY_UTILIZATION = 0.9
 MAX_DEVICES = 4096
 # "2x H100", "2 * H100", "2×H100" and the count after the name: "H100x2", "H100 x 2".
-_COUNT_FIRST = re.compile(r"\s*([0-9]+)\s*[x*\u00d7]\s*(.+?)\s*", re.IGNORECASE)
-_COUNT_LAST = re.compile(r"\s*(.+?)\s*[x*\u00d7]\s*([0-9]+)\s*", re.IGNORECASE)
+_TIMES = "xX*\u00d7"
+_DIGITS = "0123456789"
 
 
 @dataclass(frozen=True)
@@ -103,19 +104,33 @@ def _gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB"
 
 
-def _count(text, flag: str, shown=None) -> int:
-    shown = text if shown is None else shown
-    if isinstance(text, bool):
-        raise UsageError(f"{flag} {shown!r} is not a number of devices", key=flag, value=shown)
-    try:
-        count = int(text)
-    except (TypeError, ValueError):
+def parse_device_count(value, *, flag: str = "--gpus", shown=None) -> int:
+    """A number of devices: an int (not a bool, not a float: `2.5` is refused, never
+    rounded) or its ASCII decimal digits; from 1 to `MAX_DEVICES`. The command line and
+    `keras_mha.plan` both read `--gpus` / `gpus=` through it.
+
+    Example:
+        >>> parse_device_count("4"), parse_device_count(4)
+        (4, 4)
+    """
+    shown = value if shown is None else shown
+    if isinstance(value, str):
+        digits = units.bounded_text(value, flag=flag).strip()
+        count = int(digits) if digits.isascii() and digits.isdigit() else None
+    elif isinstance(value, bool):
+        count = None
+    else:
+        try:
+            count = operator.index(value)  # ints and NumPy integers; a float raises
+        except TypeError:
+            count = None
+    if count is None:
         raise UsageError(
             f"{flag} {shown!r} is not a number of devices; expected an integer from 1 to "
             f"{MAX_DEVICES}",
             key=flag,
             value=shown,
-        ) from None
+        )
     if not 1 <= count <= MAX_DEVICES:
         raise UsageError(
             f"{flag} {shown!r} names {count} devices; expected 1 to {MAX_DEVICES}",
@@ -123,6 +138,23 @@ def _count(text, flag: str, shown=None) -> int:
             value=shown,
         )
     return count
+
+
+def _count_splits(text: str) -> list[tuple[str, str]]:
+    """The (count, name) readings of `text`: digits, a times sign and a name, or a name, a
+    times sign and digits, spaces allowed around the sign. One scan from each end: linear
+    in the length, whatever the text (a backtracking pattern here was quadratic)."""
+    stripped = text.strip()
+    splits = []
+    leading = len(stripped) - len(stripped.lstrip(_DIGITS))
+    rest = stripped[leading:].lstrip()
+    if leading and rest[:1] and rest[0] in _TIMES and rest[1:].strip():
+        splits.append((stripped[:leading], rest[1:].strip()))
+    trailing = len(stripped) - len(stripped.rstrip(_DIGITS))
+    rest = stripped[: len(stripped) - trailing].rstrip()
+    if trailing and rest[-1:] and rest[-1] in _TIMES and rest[:-1].strip():
+        splits.append((stripped[len(stripped) - trailing :], rest[:-1].strip()))
+    return splits
 
 
 def split_count(text: str, flag: str, names=None) -> tuple[int | None, str]:
@@ -140,10 +172,9 @@ def split_count(text: str, flag: str, names=None) -> tuple[int | None, str]:
     names = names or _is_accelerator_name
     if names(text):
         return None, text
-    for pattern, count_group, name_group in ((_COUNT_FIRST, 1, 2), (_COUNT_LAST, 2, 1)):
-        match = pattern.fullmatch(text)
-        if match and names(match.group(name_group)):
-            return _count(match.group(count_group), flag, text), match.group(name_group)
+    for count, name in _count_splits(text):
+        if names(name):
+            return parse_device_count(count, flag=flag, shown=text), name
     return None, text
 
 
@@ -152,7 +183,12 @@ def _is_accelerator_name(text: str) -> bool:
 
 
 def _is_memory_size(text: str) -> bool:
-    return re.fullmatch(r"\s*[0-9.,_]+\s*[a-z]*b\s*", text, re.IGNORECASE) is not None
+    return _MEMORY_SIZE.fullmatch(text) is not None
+
+
+# A number and a unit ending in b: each part a different class of characters, so the
+# pattern cannot backtrack more than linearly.
+_MEMORY_SIZE = re.compile(r"\s*[0-9.,_]+\s*[a-z]*b\s*", re.IGNORECASE)
 
 
 def parse_fraction(value, *, flag: str = "--memory-utilization") -> float:
@@ -162,9 +198,11 @@ def parse_fraction(value, *, flag: str = "--memory-utilization") -> float:
         >>> parse_fraction("0.95")
         0.95
     """
+    if isinstance(value, str):
+        units.bounded_text(value, flag=flag)
     try:
         fraction = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past 1e308
         fraction = math.nan
     if isinstance(value, bool) or not math.isfinite(fraction) or not 0 < fraction <= 1:
         raise UsageError(
@@ -205,16 +243,16 @@ def parse_devices(
         )
     flag = "--gpu" if gpu is not None else "--memory"
     if gpu is not None:
-        count, name = split_count(gpu, flag)
+        count, name = split_count(units.bounded_text(gpu, flag=flag), flag)
         row = find_gpu(name, flag=flag)
         memory_bytes = row.memory_bytes
     elif isinstance(memory, int) and not isinstance(memory, bool):
         count, row, memory_bytes = None, None, units.check_memory_bytes(memory, flag=flag)
     else:
-        count, size = split_count(memory, flag, _is_memory_size)
+        count, size = split_count(units.bounded_text(memory, flag=flag), flag, _is_memory_size)
         row, memory_bytes = None, units.parse_memory_size(size, flag=flag)
     if gpus is not None:
-        requested = _count(gpus, "--gpus")
+        requested = parse_device_count(gpus, flag="--gpus")
         if count is not None and count != requested:
             raise UsageError(
                 f"--gpus {requested} contradicts {flag} {gpu if gpu is not None else memory!r}, "
@@ -224,7 +262,7 @@ def parse_devices(
             )
         count = requested
     count = count or 1
-    stages = _count(pipeline_parallel, "--pipeline-parallel")
+    stages = parse_device_count(pipeline_parallel, flag="--pipeline-parallel")
     if count % stages:
         raise UsageError(
             f"--pipeline-parallel {stages} does not divide the {count} devices; expected a "
@@ -245,6 +283,7 @@ __all__ = [
     "DEFAULT_MEMORY_UTILIZATION",
     "DeviceSet",
     "MAX_DEVICES",
+    "parse_device_count",
     "parse_devices",
     "parse_fraction",
     "split_count",

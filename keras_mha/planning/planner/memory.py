@@ -17,8 +17,8 @@ formulas by search. The formulas and their sources: docs/concepts/memory-planner
 
 Example:
     >>> from keras_mha.hub.config import load_config
-    >>> from keras_mha.cards.spec import from_config
-    >>> from keras_mha.cards.costs import parameter_counts
+    >>> from keras_mha.planning.spec import from_config
+    >>> from keras_mha.planning.costs import parameter_counts
     >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
     >>> counts = parameter_counts(spec)
     >>> weights_bytes(counts, "bfloat16").total == 2 * counts.total
@@ -32,11 +32,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from keras_mha.cards.costs import KV_DTYPE_BITS, ParameterCounts, parameter_counts
-from keras_mha.cards.planner.inventory import WeightGroup, weight_groups
-from keras_mha.cards.planner.placement import Placement, quantization_overhead, weights_by_part
-from keras_mha.cards.planner.quantization import WeightsFormat, dtype_format
-from keras_mha.cards.planner.serving import (
+from keras_mha.errors import UsageError
+from keras_mha.planning.costs import KV_DTYPE_BITS, ParameterCounts, parameter_counts
+from keras_mha.planning.planner.inventory import WeightGroup, weight_groups
+from keras_mha.planning.planner.placement import Placement, quantization_overhead, weights_by_part
+from keras_mha.planning.planner.quantization import WeightsFormat, dtype_format
+from keras_mha.planning.planner.serving import (
     DEFAULT_PREFILL_CHUNK,
     SEARCH_LIMIT,
     ServingMemory,
@@ -50,10 +51,9 @@ from keras_mha.cards.planner.serving import (
     serving_memory,
     serving_model,
 )
-from keras_mha.cards.planner.serving import check_dtype as _check_dtype
-from keras_mha.cards.planner.serving import positive as _positive
-from keras_mha.cards.spec import ModelSpec
-from keras_mha.errors import UsageError
+from keras_mha.planning.planner.serving import check_dtype as _check_dtype
+from keras_mha.planning.planner.serving import positive as _positive
+from keras_mha.planning.spec import ModelSpec
 
 DTYPES = tuple(KV_DTYPE_BITS)
 PARTS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
@@ -175,8 +175,8 @@ def format_weights(
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
-        >>> from keras_mha.cards.planner.quantization import dtype_format
+        >>> from keras_mha.planning.spec import from_config
+        >>> from keras_mha.planning.planner.quantization import dtype_format
         >>> spec = from_config(load_config("bundled:meta-llama/Llama-2-7b-hf").config)
         >>> format_weights(spec, dtype_format("float16")).total == 2 * 6738415616
         True
@@ -197,7 +197,7 @@ def format_weights_by_dtype(
     """`format_weights` in every dtype of `DTYPES` (generic formats), float32 first.
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "llama", "hidden_size": 64,
         ...     "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
         ...     "vocab_size": 100})
@@ -346,7 +346,7 @@ def activation_bytes(
     """Training activations without and with full activation checkpointing.
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "llama", "hidden_size": 64,
         ...     "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
         ...     "intermediate_size": 128, "vocab_size": 100})
@@ -384,7 +384,7 @@ def training_memory(
     `devices` (rounded up), activations of `ceil(batch / devices)` sequences.
 
     Example:
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4,
         ...     "n_layer": 2, "n_positions": 128, "vocab_size": 100})
         >>> memory = training_memory(spec, batch=2, seq_len=16, optimizer="sgd")
@@ -427,7 +427,7 @@ def serving_bytes_function(spec: ModelSpec, **options) -> Callable[[int, int], i
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:mistralai/Mistral-7B-v0.1").config)
         >>> serving = serving_bytes_function(spec)
         >>> serving(2, 40000) == serving_memory(spec, batch=2, seq_len=40000).total_bytes
@@ -541,7 +541,7 @@ def plan_fit(
 
     Example:
         >>> from keras_mha.hub.config import load_config
-        >>> from keras_mha.cards.spec import from_config
+        >>> from keras_mha.planning.spec import from_config
         >>> spec = from_config(load_config("bundled:meta-llama/Meta-Llama-3-8B").config)
         >>> plan = plan_fit(spec, memory_bytes=24 * 2**30, batch=1, seq_len=8192)
         >>> plan.max_batch, plan.training_fits

@@ -55,8 +55,19 @@ ENCODER_LENGTH_MULTIPLE = 8
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
 
 
-def load_tokenizer(directory, *, argument="SOURCE"):
+def load_tokenizer(
+    directory,
+    *,
+    argument="SOURCE",
+    reads="--data",
+    extra="prune",
+    instead="use --method magnitude to prune without data",
+):
     """The `tokenizers.Tokenizer` of `directory/tokenizer.json`, with padding and truncation off.
+
+    `reads` (the flag or argument whose text the tokenizer reads), `extra` (the keras-mha
+    extra that installs `tokenizers` for it) and `instead` (what to do without a
+    tokenizer.json) word the errors for the command that asks: `heads` reads `--text`.
 
     Raises:
         MissingDependencyError: `tokenizers` is not installed.
@@ -72,17 +83,16 @@ def load_tokenizer(directory, *, argument="SOURCE"):
         import tokenizers
     except ImportError as error:
         raise MissingDependencyError(
-            "--data needs the `tokenizers` package to read the checkpoint's tokenizer.json: "
-            "pip install 'keras-mha[prune]'"
+            f"{reads} needs the `tokenizers` package to read the checkpoint's tokenizer.json: "
+            f"pip install 'keras-mha[{extra}]'"
         ) from error
     from keras_mha.models.local_files import file_in_folder
 
     path = Path(directory) / TOKENIZER_FILE_NAME
     if file_in_folder(directory, TOKENIZER_FILE_NAME) is None:
         raise CheckpointError(
-            f"{argument}: {str(directory)!r} has no {TOKENIZER_FILE_NAME}; --data is tokenised "
-            "with the checkpoint's own fast tokenizer (use --method magnitude to prune without "
-            "data)",
+            f"{argument}: {str(directory)!r} has no {TOKENIZER_FILE_NAME}; {reads} is "
+            f"tokenised with the checkpoint's own fast tokenizer ({instead})",
             path=str(path),
         )
     try:
