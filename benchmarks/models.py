@@ -86,6 +86,11 @@ def parse_args(argv):
         choices=KV_CACHE_DTYPES,
         help="also time keras-mha with this quantized KV cache, paired against its float cache",
     )
+    parser.add_argument(
+        "--quantize",
+        choices=("int8", "int4", "float8"),
+        help="load keras-mha's model with from_pretrained(quantize=...) (transformers stays float)",
+    )
     parser.add_argument("--no-transformers", action="store_true", help="skip the torch reference")
     parser.add_argument(
         "--no-compiled-transformers",
@@ -314,6 +319,8 @@ def worker_argv(arguments) -> list[str]:
         argv += [f"--{flag.replace('_', '-')}", str(getattr(arguments, flag))]
     if arguments.kv_cache_dtype:
         argv += ["--kv-cache-dtype", arguments.kv_cache_dtype]
+    if arguments.quantize:
+        argv += ["--quantize", arguments.quantize]
     return argv
 
 
@@ -372,10 +379,11 @@ def model_results(arguments) -> dict:
         "batch": arguments.batch,
         "prompt_length": arguments.prompt_length,
         "new_tokens": arguments.new_tokens,
+        "quantize": arguments.quantize,
     }
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
-        model = from_pretrained(folder, dtype=dtype)
+        model = from_pretrained(folder, dtype=dtype, quantize=arguments.quantize)
     reference.to(torch_device)
     new = arguments.new_tokens
     path = arguments.decode_path
@@ -512,6 +520,11 @@ def _rate_cell(row: dict | None, phase: str) -> str:
     return f"{row[f'{phase}_tokens_per_second']:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
+def _quantized_clause(arguments) -> str:
+    mode = getattr(arguments, "quantize", None)
+    return "" if mode is None else f" (keras-mha's blocks {mode}, transformers float)"
+
+
 def _device_clause(machine: dict) -> str:
     device = machine.get("device", "cpu")
     return "" if device == "cpu" else f", {device}"
@@ -527,7 +540,8 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
         f"{arguments.card} {size}: hidden {shape['hidden_size']}, "
         f"{shape['num_attention_heads']} heads ({shape['num_key_value_heads']} KV), "
         f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
-        f"{first['parameters'] / 1e6:.1f}M parameters, {first['dtype']}; batch "
+        f"{first['parameters'] / 1e6:.1f}M parameters, {first['dtype']}"
+        f"{_quantized_clause(arguments)}; batch "
         f"{arguments.batch}, prompt {arguments.prompt_length}, {arguments.new_tokens} new "
         f"tokens; {first['machine']['processor']}, {first['machine']['cpus']} CPUs"
         f"{_device_clause(first['machine'])}, "

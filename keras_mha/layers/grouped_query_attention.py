@@ -23,6 +23,7 @@ from keras_mha.layers import (
     kv_cache,
     kv_quantization,
     padding_masks,
+    quantization,
     validation,
 )
 from keras_mha.layers.linear import linear
@@ -205,17 +206,20 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = validation.optional_int("seed", seed)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        self.rotary_embedding = (
+        rotary_embedding = (
             RotaryEmbedding(
                 max_wavelength=self.rope_theta,
                 partial_rotary_factor=self.partial_rotary_factor,
                 rope_scaling=self.rope_scaling,
-                dtype=self.dtype_policy,
+                dtype=quantization.float_policy(self.dtype_policy),
                 name="rotary_embedding",
             )
             if self.use_rope
             else None
         )
+        # Held untracked: RoPE has no weights, and a tracked sublayer would hide this layer
+        # from `Model.quantize`, which visits only leaf layers (layers/quantization.py).
+        object.__setattr__(self, "rotary_embedding", rotary_embedding)
 
     @property
     def num_query_groups(self):
@@ -278,6 +282,31 @@ class GroupedQueryAttention(keras.layers.Layer):
         self._value_features = value_features
         self._key_features = key_features
         output_dim = self.output_dim or query_features
+        heads, head_dim = self.num_heads, self.head_dim
+        if self.quantization_mode is not None:  # a quantized layer from a `.keras` file
+            quantization.build_quantized(
+                self, query_features, key_features, value_features, output_dim
+            )
+        else:
+            self._build_kernels(query_features, key_features, value_features, output_dim)
+        if self.use_qk_norm:
+            self.query_norm_scale = self.add_weight(
+                name="query_norm_scale", shape=(head_dim,), initializer="ones"
+            )
+            self.key_norm_scale = self.add_weight(
+                name="key_norm_scale", shape=(head_dim,), initializer="ones"
+            )
+        if self.rotary_embedding is not None:
+            # No weights; built here so that its first call does not build it.
+            self.rotary_embedding.build((None, None, heads, head_dim))
+        # The pruning hook: 1 keeps a head, 0 silences it. Not trained; saved with
+        # the weights, so a half-pruned model resumes where it stopped.
+        self.head_gates = self.add_weight(
+            name="head_gates", shape=(heads,), initializer="ones", trainable=False
+        )
+        self.built = True
+
+    def _build_kernels(self, query_features, key_features, value_features, output_dim):
         heads, kv_heads, head_dim = self.num_heads, self.num_key_value_heads, self.head_dim
         self.query_kernel = self._add_kernel("query_kernel", (query_features, heads, head_dim))
         self.key_kernel = self._add_kernel("key_kernel", (key_features, kv_heads, head_dim))
@@ -289,23 +318,28 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.output_kernel = self._add_kernel("output_kernel", (heads, head_dim, output_dim))
         if self.use_output_bias:
             self.output_bias = self._add_bias("output_bias", (output_dim,))
-        if self.use_qk_norm:
-            self.query_norm_scale = self.add_weight(
-                name="query_norm_scale", shape=(head_dim,), initializer="ones"
-            )
-            self.key_norm_scale = self.add_weight(
-                name="key_norm_scale", shape=(head_dim,), initializer="ones"
-            )
-        if self.rotary_embedding is not None:
-            # No weights, but an unbuilt sublayer makes Model.fit/predict run an
-            # extra eager pass first to build it.
-            self.rotary_embedding.build((None, None, heads, head_dim))
-        # The pruning hook: 1 keeps a head, 0 silences it. Not trained; saved with
-        # the weights, so a half-pruned model resumes where it stopped.
-        self.head_gates = self.add_weight(
-            name="head_gates", shape=(heads,), initializer="ones", trainable=False
-        )
-        self.built = True
+
+    # ----------------------------------------------------------- quantization
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantize the four projections in place, as `Model.quantize(mode)` does.
+
+        Each projection becomes a `keras.layers.Dense` quantized by Keras itself
+        (`"int8"`, `"int4"`, `"float8"`, `"gptq"`, `"awq"`); see
+        `keras_mha.layers.quantization`. `type_check` is accepted for Keras's call and
+        ignored: MHA and MQA are this layer.
+
+        Example:
+            >>> layer = GroupedQueryAttention(4, 2, head_dim=8)
+            >>> layer.build((None, None, 32))
+            >>> layer.quantize("int8")
+            >>> layer.quantization_mode
+            'int8'
+        """
+        quantization.quantize_attention(self, mode, config)
+
+    def quantized_call(self, *args, **kwargs):
+        # `call` reaches the quantized Dense projections itself.
+        return self.call(*args, **kwargs)
 
     # ---------------------------------------------------------------- helpers
     def _project_heads(self, inputs, name):
@@ -315,6 +349,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         einsum copies a permuted kernel on every call); queries and keys are then
         RMS-normalised per head with `use_qk_norm`.
         """
+        if self.quantization_mode is not None:
+            projected = getattr(self, f"{name}_dense")(inputs)
+            heads = self.num_heads if name == "query" else self.num_key_value_heads
+            shape = ops.shape(inputs)
+            projected = ops.reshape(projected, (shape[0], shape[1], heads, self.head_dim))
+            return self._normalize_heads(projected, name)
         kernel, bias = getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None)
         features, heads, head_dim = kernel.shape
         if bias is not None:
@@ -322,6 +362,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         projected = linear(inputs, ops.reshape(kernel, (features, heads * head_dim)), bias)
         shape = ops.shape(inputs)
         projected = ops.reshape(projected, (shape[0], shape[1], heads, head_dim))
+        return self._normalize_heads(projected, name)
+
+    def _normalize_heads(self, projected, name):
         norm_scale = getattr(self, f"{name}_norm_scale", None) if self.use_qk_norm else None
         return projected if norm_scale is None else self._rms_norm(projected, norm_scale)
 
@@ -640,6 +683,8 @@ class GroupedQueryAttention(keras.layers.Layer):
 
     def _output(self, heads, scores, valid, return_attention_scores, cache):
         """Gate the heads, project the output, and assemble the call's results."""
+        if self.quantization_mode is not None:
+            return self._quantized_output(heads, scores, valid, return_attention_scores, cache)
         num_heads, head_dim, output_dim = self.output_kernel.shape
         kernel = self.output_kernel
         # Eager PyTorch with no head pruned skips the product: a copy of the kernel
@@ -660,6 +705,18 @@ class GroupedQueryAttention(keras.layers.Layer):
             ops.reshape(kernel, (num_heads * head_dim, output_dim)),
             self.output_bias if self.use_output_bias else None,
         )
+        return self._results(output, scores, valid, return_attention_scores, cache)
+
+    def _quantized_output(self, heads, scores, valid, return_attention_scores, cache):
+        """`_output` through the quantized output Dense (the gates scale the heads)."""
+        heads = heads * ops.cast(self.head_gates, heads.dtype)[:, None]
+        shape = ops.shape(heads)
+        flat = ops.reshape(heads, (shape[0], shape[1], self.num_heads * self.head_dim))
+        output = self.output_dense(flat)
+        return self._results(output, scores, valid, return_attention_scores, cache)
+
+    @staticmethod
+    def _results(output, scores, valid, return_attention_scores, cache):
         if valid is not None:
             # A traced cache_index overran the cache: the write was skipped, and
             # NaN outputs make sure the step cannot pass for a good one.
