@@ -43,6 +43,8 @@ OURS, THEIRS = "keras_mha", "transformers"
 #: transformers' fastest documented path: its static cache with `torch.compile`
 #: (`CompileConfig`, "reduce-overhead": CUDA graphs on a GPU).
 THEIRS_COMPILED = "transformers_static_compile"
+QUANTIZED_KV = "quantized_kv"  # keras-mha with `--kv-cache-dtype`
+KV_CACHE_DTYPES = ("int8", "float8_e4m3fn")
 
 
 def parse_args(argv):
@@ -78,6 +80,16 @@ def parse_args(argv):
         "--backends",
         help="comma-separated Keras backends, each run in a fresh process, into one table "
         "(default: the current KERAS_BACKEND only)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="also time keras-mha with this quantized KV cache, paired against its float cache",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=("int8", "int4", "float8"),
+        help="load keras-mha's model with from_pretrained(quantize=...) (transformers stays float)",
     )
     parser.add_argument("--no-transformers", action="store_true", help="skip the torch reference")
     parser.add_argument(
@@ -305,6 +317,10 @@ def worker_argv(arguments) -> list[str]:
     argv += ["--no-roofline"] * arguments.no_roofline + ["--decode-path", arguments.decode_path]
     for flag in ("batch", "prompt_length", "new_tokens", "rounds"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(arguments, flag))]
+    if arguments.kv_cache_dtype:
+        argv += ["--kv-cache-dtype", arguments.kv_cache_dtype]
+    if arguments.quantize:
+        argv += ["--quantize", arguments.quantize]
     return argv
 
 
@@ -363,18 +379,25 @@ def model_results(arguments) -> dict:
         "batch": arguments.batch,
         "prompt_length": arguments.prompt_length,
         "new_tokens": arguments.new_tokens,
+        "quantize": arguments.quantize,
     }
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
-        model = from_pretrained(folder, dtype=dtype)
+        model = from_pretrained(folder, dtype=dtype, quantize=arguments.quantize)
     reference.to(torch_device)
     new = arguments.new_tokens
     path = arguments.decode_path
 
-    def ours(count):
-        return lambda: generate(model, ids, count, decode_path=path)
+    def ours(count, **options):
+        return lambda: generate(model, ids, count, decode_path=path, **options)
 
     contenders = {OURS: (ours(1), ours(new))}
+    kv_dtype = arguments.kv_cache_dtype
+    if kv_dtype:
+        contenders[QUANTIZED_KV] = (
+            ours(1, kv_cache_dtype=kv_dtype),
+            ours(new, kv_cache_dtype=kv_dtype),
+        )
     if not arguments.no_transformers:
         torch_ids = torch.from_numpy(ids.astype("int64")).to(torch_device)
         compiled = transformers.CompileConfig()
@@ -408,6 +431,8 @@ def model_results(arguments) -> dict:
         **round_rates(times[OURS], *shape),
         "generation": generation_stats(model),
     }
+    if kv_dtype:
+        results[QUANTIZED_KV] = quantized_kv_results(model, kv_dtype, times, shape, results)
     for name in (THEIRS, THEIRS_COMPILED):
         if name in times:
             results[name] = {
@@ -447,6 +472,26 @@ def roofline(results: dict, arguments, dtype: str) -> dict:
     return report
 
 
+def quantized_kv_results(model, kv_dtype, times, shape, results) -> dict:
+    """The quantized-cache contender's rates, paired against keras-mha's float cache (above
+    1: the quantized cache is faster), and both caches' bytes at this batch and length."""
+    from keras_mha.layers.kv_quantization import cache_bytes
+
+    batch, prompt_length, new = shape
+    rates = round_rates(times[QUANTIZED_KV], *shape)
+    length = prompt_length + new
+
+    def total(dtype):
+        return sum(cache_bytes(cache) for cache in model.init_caches(batch, length, dtype=dtype))
+
+    return {
+        "kv_cache_dtype": kv_dtype,
+        **rates,
+        "paired_with_float_cache": paired_ratios(rates, results[OURS]),
+        "cache_bytes": {"float": total(None), kv_dtype: total(kv_dtype), "length": length},
+    }
+
+
 def machine() -> dict:
     """Where the bench ran: the date (UTC), the processor and its logical CPUs."""
     import datetime
@@ -475,6 +520,11 @@ def _rate_cell(row: dict | None, phase: str) -> str:
     return f"{row[f'{phase}_tokens_per_second']:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
+def _quantized_clause(arguments) -> str:
+    mode = getattr(arguments, "quantize", None)
+    return "" if mode is None else f" (keras-mha's blocks {mode}, transformers float)"
+
+
 def _device_clause(machine: dict) -> str:
     device = machine.get("device", "cpu")
     return "" if device == "cpu" else f", {device}"
@@ -490,7 +540,8 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
         f"{arguments.card} {size}: hidden {shape['hidden_size']}, "
         f"{shape['num_attention_heads']} heads ({shape['num_key_value_heads']} KV), "
         f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
-        f"{first['parameters'] / 1e6:.1f}M parameters, {first['dtype']}; batch "
+        f"{first['parameters'] / 1e6:.1f}M parameters, {first['dtype']}"
+        f"{_quantized_clause(arguments)}; batch "
         f"{arguments.batch}, prompt {arguments.prompt_length}, {arguments.new_tokens} new "
         f"tokens; {first['machine']['processor']}, {first['machine']['cpus']} CPUs"
         f"{_device_clause(first['machine'])}, "
@@ -548,6 +599,17 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
             ]
         )
     lines += table(header, body, markdown)
+    for report in reports:
+        quantized = report.get(QUANTIZED_KV)
+        if quantized:
+            paired, sizes = quantized["paired_with_float_cache"], quantized["cache_bytes"]
+            dtype = quantized["kv_cache_dtype"]
+            lines.append(
+                f"KV cache {dtype} / float ({report[OURS]['backend']}), tok/s in the "
+                f"same round: prefill {_ratio_cell(paired['prefill'])}, decode "
+                f"{_ratio_cell(paired['decode'])}; cache {sizes[dtype]:,} bytes vs "
+                f"{sizes['float']:,} at {sizes['length']} tokens"
+            )
     return "\n".join(lines)
 
 

@@ -116,6 +116,16 @@ if [ "$part" != suite ]; then
     step decode-cuda-graph 30 env KERAS_BACKEND=torch "$python" -m tools.cuda_graph_decode
   fi
 fi
+# --- Quantized KV cache (issue 32): float8 KV against the bfloat16 cache, context 8192 ---
+# A separate step: bench model pairs keras-mha with `--kv-cache-dtype float8_e4m3fn`
+# against its own bfloat16 cache in the same rounds, and states both caches' bytes.
+if [ "$part" != suite ]; then
+  for backend in torch jax; do
+    step "kv-float8-$backend" 240 env KERAS_BACKEND=$backend "$python" -m benchmarks model \
+      --full-size --kv-cache-dtype float8_e4m3fn --prompt-length 8160 --new-tokens 32 \
+      --rounds 3 --no-transformers --format markdown
+  done
+fi
 if [ "$part" != bench ]; then
   suite torch $((deadline - SECONDS)) &
   suite jax $((deadline - SECONDS)) &
@@ -123,11 +133,12 @@ if [ "$part" != bench ]; then
 fi
 
 # The tables the docs quote, each under its step's name.
-for log in "$out"/model-*.log "$out"/layers-*.log "$out"/host-cost.log "$out"/decode-*.log; do
+for log in "$out"/model-*.log "$out"/layers-*.log "$out"/host-cost.log "$out"/decode-*.log \
+  "$out"/kv-float8-*.log; do
   [ -e "$log" ] || continue
   echo "### $(basename "$log" .log)"
   echo
-  grep -E "^\||^(keras-mha|shapes|roofline|meta-llama|Llama|decode bound|default|GQA|MHA)" "$log"
+  grep -E "^\||^(keras-mha|shapes|roofline|meta-llama|Llama|decode bound|default|GQA|MHA|KV cache)" "$log"
   grep -E "Error|Traceback" "$log" | tail -3
   echo
 done >"$out/tables.md"

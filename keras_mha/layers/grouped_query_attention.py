@@ -21,13 +21,23 @@ from keras_mha.layers import (
     attention_paths,
     attention_probe,
     kv_cache,
+    kv_quantization,
     padding_masks,
+    quantization,
     validation,
 )
 from keras_mha.layers.linear import linear
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int
+
+
+def _standard_dtype(dtype):
+    """Keras's name of `dtype`, or the value itself when it names no dtype (refused then)."""
+    try:
+        return keras.backend.standardize_dtype(dtype)
+    except (ValueError, TypeError):
+        return dtype
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
@@ -196,17 +206,20 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = validation.optional_int("seed", seed)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        self.rotary_embedding = (
+        rotary_embedding = (
             RotaryEmbedding(
                 max_wavelength=self.rope_theta,
                 partial_rotary_factor=self.partial_rotary_factor,
                 rope_scaling=self.rope_scaling,
-                dtype=self.dtype_policy,
+                dtype=quantization.float_policy(self.dtype_policy),
                 name="rotary_embedding",
             )
             if self.use_rope
             else None
         )
+        # Held untracked: RoPE has no weights, and a tracked sublayer would hide this layer
+        # from `Model.quantize`, which visits only leaf layers (layers/quantization.py).
+        object.__setattr__(self, "rotary_embedding", rotary_embedding)
 
     @property
     def num_query_groups(self):
@@ -269,6 +282,31 @@ class GroupedQueryAttention(keras.layers.Layer):
         self._value_features = value_features
         self._key_features = key_features
         output_dim = self.output_dim or query_features
+        heads, head_dim = self.num_heads, self.head_dim
+        if self.quantization_mode is not None:  # a quantized layer from a `.keras` file
+            quantization.build_quantized(
+                self, query_features, key_features, value_features, output_dim
+            )
+        else:
+            self._build_kernels(query_features, key_features, value_features, output_dim)
+        if self.use_qk_norm:
+            self.query_norm_scale = self.add_weight(
+                name="query_norm_scale", shape=(head_dim,), initializer="ones"
+            )
+            self.key_norm_scale = self.add_weight(
+                name="key_norm_scale", shape=(head_dim,), initializer="ones"
+            )
+        if self.rotary_embedding is not None:
+            # No weights; built here so that its first call does not build it.
+            self.rotary_embedding.build((None, None, heads, head_dim))
+        # The pruning hook: 1 keeps a head, 0 silences it. Not trained; saved with
+        # the weights, so a half-pruned model resumes where it stopped.
+        self.head_gates = self.add_weight(
+            name="head_gates", shape=(heads,), initializer="ones", trainable=False
+        )
+        self.built = True
+
+    def _build_kernels(self, query_features, key_features, value_features, output_dim):
         heads, kv_heads, head_dim = self.num_heads, self.num_key_value_heads, self.head_dim
         self.query_kernel = self._add_kernel("query_kernel", (query_features, heads, head_dim))
         self.key_kernel = self._add_kernel("key_kernel", (key_features, kv_heads, head_dim))
@@ -280,23 +318,28 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.output_kernel = self._add_kernel("output_kernel", (heads, head_dim, output_dim))
         if self.use_output_bias:
             self.output_bias = self._add_bias("output_bias", (output_dim,))
-        if self.use_qk_norm:
-            self.query_norm_scale = self.add_weight(
-                name="query_norm_scale", shape=(head_dim,), initializer="ones"
-            )
-            self.key_norm_scale = self.add_weight(
-                name="key_norm_scale", shape=(head_dim,), initializer="ones"
-            )
-        if self.rotary_embedding is not None:
-            # No weights, but an unbuilt sublayer makes Model.fit/predict run an
-            # extra eager pass first to build it.
-            self.rotary_embedding.build((None, None, heads, head_dim))
-        # The pruning hook: 1 keeps a head, 0 silences it. Not trained; saved with
-        # the weights, so a half-pruned model resumes where it stopped.
-        self.head_gates = self.add_weight(
-            name="head_gates", shape=(heads,), initializer="ones", trainable=False
-        )
-        self.built = True
+
+    # ----------------------------------------------------------- quantization
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantize the four projections in place, as `Model.quantize(mode)` does.
+
+        Each projection becomes a `keras.layers.Dense` quantized by Keras itself
+        (`"int8"`, `"int4"`, `"float8"`, `"gptq"`, `"awq"`); see
+        `keras_mha.layers.quantization`. `type_check` is accepted for Keras's call and
+        ignored: MHA and MQA are this layer.
+
+        Example:
+            >>> layer = GroupedQueryAttention(4, 2, head_dim=8)
+            >>> layer.build((None, None, 32))
+            >>> layer.quantize("int8")
+            >>> layer.quantization_mode
+            'int8'
+        """
+        quantization.quantize_attention(self, mode, config)
+
+    def quantized_call(self, *args, **kwargs):
+        # `call` reaches the quantized Dense projections itself.
+        return self.call(*args, **kwargs)
 
     # ---------------------------------------------------------------- helpers
     def _project_heads(self, inputs, name):
@@ -306,6 +349,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         einsum copies a permuted kernel on every call); queries and keys are then
         RMS-normalised per head with `use_qk_norm`.
         """
+        if self.quantization_mode is not None:
+            projected = getattr(self, f"{name}_dense")(inputs)
+            heads = self.num_heads if name == "query" else self.num_key_value_heads
+            shape = ops.shape(inputs)
+            projected = ops.reshape(projected, (shape[0], shape[1], heads, self.head_dim))
+            return self._normalize_heads(projected, name)
         kernel, bias = getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None)
         features, heads, head_dim = kernel.shape
         if bias is not None:
@@ -313,6 +362,9 @@ class GroupedQueryAttention(keras.layers.Layer):
         projected = linear(inputs, ops.reshape(kernel, (features, heads * head_dim)), bias)
         shape = ops.shape(inputs)
         projected = ops.reshape(projected, (shape[0], shape[1], heads, head_dim))
+        return self._normalize_heads(projected, name)
+
+    def _normalize_heads(self, projected, name):
         norm_scale = getattr(self, f"{name}_norm_scale", None) if self.use_qk_norm else None
         return projected if norm_scale is None else self._rms_norm(projected, norm_scale)
 
@@ -369,9 +421,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         Args:
             batch_size: rows of the batch to decode.
             max_length: positions the cache holds (prompt plus new tokens).
-            dtype: the buffers' dtype; None or the layer's compute dtype
-                (Keras converts floating call arguments to the compute dtype,
-                so a cache of another dtype would be copied at every step).
+            dtype: None or the layer's compute dtype (Keras converts floating call
+                arguments to the compute dtype, so a float cache of another dtype
+                would be copied at every step); or `"int8"` / `"float8_e4m3fn"`: a
+                `QuantizedKVCache` of codes with one scale per token and KV head, in
+                the compute dtype (`kv_quantization.py`; the bytes the planner states
+                for an int8 / float8 KV cache).
             variables: TensorFlow only: non-trainable `tf.Variable` buffers,
                 updated in place. Refused (`ValueError`) on JAX and PyTorch,
                 and inside a `tf.function`.
@@ -398,15 +453,22 @@ class GroupedQueryAttention(keras.layers.Layer):
             )
         _positive_int("batch_size", batch_size)
         _positive_int("max_length", max_length)
-        dtype = keras.backend.standardize_dtype(dtype or self.compute_dtype)
-        if dtype != self.compute_dtype:
+        dtype = dtype or self.compute_dtype
+        quantized = dtype in kv_quantization.RUNTIME_QUANTIZED
+        if not quantized and _standard_dtype(dtype) != self.compute_dtype:
             raise ValueError(
-                f"`dtype` of a KV cache must be the layer's compute dtype "
-                f"{self.compute_dtype!r} (or None); received {dtype!r}."
+                f"`dtype`={dtype!r} of a KV cache: expected None or the layer's compute dtype "
+                f"{self.compute_dtype!r}, or a quantized cache: "
+                f"{', '.join(map(repr, kv_quantization.RUNTIME_QUANTIZED))}."
             )
         validation.flag("variables", variables)
+        shape = (batch_size, self.num_key_value_heads, max_length, self.head_dim)
+        if quantized:
+            kind = kv_cache.QuantizedKVCache
+            make = kind.variables if variables else kind.zeros
+            return make(*shape, dtype, self.compute_dtype)
         make = kv_cache.KVCache.variables if variables else kv_cache.KVCache.zeros
-        return make(batch_size, self.num_key_value_heads, max_length, self.head_dim, dtype)
+        return make(*shape, self.compute_dtype)
 
     def compute_cross_attention_cache(self, value, key=None):
         """Project encoder outputs once into a read-only cross-attention cache.
@@ -537,9 +599,14 @@ class GroupedQueryAttention(keras.layers.Layer):
                 self._project_heads(inputs.value, "value"),
             )
         q, k = self._rotate(q, k, self._position_offset(cache_index, start))
-        written, valid = self._write_cache(cache, k, v, cache_index, start)
+        if isinstance(cache, kv_cache.QuantizedKVCache):
+            k, v, written, valid, read = self._write_quantized(cache, k, v, cache_index, start)
+            before, after = read, read
+        else:
+            written, valid = self._write_cache(cache, k, v, cache_index, start)
+            before, after = cache, written
         heads, scores = self._compute_attention(
-            q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
+            q, k, v, options, inputs, attention_mask, before, after, cache_index, start
         )
         # The attention weights (None on the fused paths, which a recording turns off).
         attention_probe.observe(self, scores)
@@ -587,6 +654,19 @@ class GroupedQueryAttention(keras.layers.Layer):
             return cache, None
         return kv_cache.write(cache, k, v, cache_index, start)
 
+    def _write_quantized(self, cache, k, v, cache_index, start):
+        """`(k, v, written, valid, read)` for an int8 / float8 cache (`kv_quantization.py`).
+
+        `k`, `v` are this call's keys and values as the cache now holds them, `written`
+        the cache of codes after the write, `read` that cache dequantized: attention
+        reads it as the cache both before and after the write (a path that takes the
+        cache before the write masks the step's position there and adds the step's key).
+        """
+        written, valid = cache, None
+        if cache_index is not None:
+            k, v, written, valid = kv_quantization.write(cache, k, v, cache_index, start)
+        return k, v, written, valid, kv_quantization.dequantize_cache(written, self.compute_dtype)
+
     def _compute_attention(
         self, q, k, v, options, inputs, attention_mask, cache, written, cache_index, start
     ):
@@ -603,6 +683,8 @@ class GroupedQueryAttention(keras.layers.Layer):
 
     def _output(self, heads, scores, valid, return_attention_scores, cache):
         """Gate the heads, project the output, and assemble the call's results."""
+        if self.quantization_mode is not None:
+            return self._quantized_output(heads, scores, valid, return_attention_scores, cache)
         num_heads, head_dim, output_dim = self.output_kernel.shape
         kernel = self.output_kernel
         # Eager PyTorch with no head pruned skips the product: a copy of the kernel
@@ -623,6 +705,18 @@ class GroupedQueryAttention(keras.layers.Layer):
             ops.reshape(kernel, (num_heads * head_dim, output_dim)),
             self.output_bias if self.use_output_bias else None,
         )
+        return self._results(output, scores, valid, return_attention_scores, cache)
+
+    def _quantized_output(self, heads, scores, valid, return_attention_scores, cache):
+        """`_output` through the quantized output Dense (the gates scale the heads)."""
+        heads = heads * ops.cast(self.head_gates, heads.dtype)[:, None]
+        shape = ops.shape(heads)
+        flat = ops.reshape(heads, (shape[0], shape[1], self.num_heads * self.head_dim))
+        output = self.output_dense(flat)
+        return self._results(output, scores, valid, return_attention_scores, cache)
+
+    @staticmethod
+    def _results(output, scores, valid, return_attention_scores, cache):
         if valid is not None:
             # A traced cache_index overran the cache: the write was skipped, and
             # NaN outputs make sure the step cannot pass for a good one.
@@ -678,10 +772,9 @@ class GroupedQueryAttention(keras.layers.Layer):
                 )
             )
         if cache is not None:
+            kind = kv_cache.QuantizedKVCache if len(cache) == 4 else kv_cache.KVCache
             results.append(
-                kv_cache.KVCache(
-                    *(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache)
-                )
+                kind(*(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache))
             )
         return results[0] if len(results) == 1 else tuple(results)
 

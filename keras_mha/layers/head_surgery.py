@@ -16,6 +16,7 @@ import numpy as np
 from keras import ops
 
 from keras_mha.errors import PruningError
+from keras_mha.layers.quantization import refuse_quantized
 
 # Variables indexed by query head on this axis.
 QUERY_HEAD_AXIS = {
@@ -110,6 +111,7 @@ def prune_layer_heads(layer, heads_to_remove):
     """
     if not layer.built:
         raise PruningError("`prune_heads` needs a built layer; call it on data first.")
+    refuse_quantized(layer, "prune_heads", PruningError)
     kept_heads, kept_kv_heads = plan_head_removal(
         layer.num_heads, layer.num_key_value_heads, heads_to_remove
     )

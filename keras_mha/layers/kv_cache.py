@@ -1,15 +1,16 @@
 """The self-attention KV cache: its layout, its checks and its in-place update.
 
 A cache is a `KVCache(key, value)` pair of buffers, each `(batch, num_key_value_heads,
-max_length, head_dim)`, made by `GroupedQueryAttention.init_cache` and written by the
-layer at `cache_index`: in place on PyTorch (outside autograd); by a
-`dynamic_update_slice` that XLA performs in place when the step donates the cache on
-JAX; by a scatter into two `tf.Variable`s from `init_cache(..., variables=True)` on
-TensorFlow (create them outside the `tf.function` and keep your handle: a variable
-returned from a `tf.function` comes back as a copy). Writing past `max_length` raises a
-`ValueError` when the index is known when the step is built; a traced index that
-overruns leaves the cache unchanged and turns the call's outputs into NaN. Why this
-layout and these writes: docs/concepts/attention-paths.md.
+max_length, head_dim)`, or a `QuantizedKVCache(key, value, key_scale, value_scale)` of
+int8 / float8 codes and one scale per token and KV head (`kv_quantization.py`), made by
+`GroupedQueryAttention.init_cache` and written by the layer at `cache_index`: in place
+on PyTorch (outside autograd); by a `dynamic_update_slice` that XLA performs in place
+when the step donates the cache on JAX; by a scatter into `tf.Variable`s from
+`init_cache(..., variables=True)` on TensorFlow (create them outside the `tf.function`
+and keep your handle: a variable returned from a `tf.function` comes back as a copy).
+Writing past `max_length` raises a `ValueError` when the index is known when the step
+is built; a traced index that overruns leaves the cache unchanged and turns the call's
+outputs into NaN. Why this layout and these writes: docs/concepts/attention-paths.md.
 
 Example:
     >>> cache = KVCache.zeros(batch_size=1, num_key_value_heads=2, max_length=8,
@@ -78,6 +79,66 @@ class KVCache(NamedTuple):
         return is_variable(self.key)
 
 
+class QuantizedKVCache(NamedTuple):
+    """An int8 or float8 KV cache: codes `(batch, kv_heads, max_length, head_dim)` and one
+    scale per token and KV head `(batch, kv_heads, max_length, 1)`, for keys and values.
+
+    Codes are `int8` for int8, and the bits of float8 e4m3fn as `uint8` for float8 (Keras
+    converts every floating tensor a layer receives to its compute dtype, which would
+    turn float8 buffers into float copies); the scales are in the layer's compute dtype.
+    A pytree / nest of four tensors on every backend, made by `init_cache(batch_size,
+    max_length, dtype="int8")`; see `kv_quantization.py`.
+
+    Example:
+        >>> cache = QuantizedKVCache.zeros(1, 2, 8, 4, "int8", "float32")
+        >>> tuple(cache.key_scale.shape), kv_dtype(cache)
+        ((1, 2, 8, 1), 'int8')
+    """
+
+    key: Any
+    value: Any
+    key_scale: Any
+    value_scale: Any
+
+    @classmethod
+    def zeros(cls, batch_size, num_key_value_heads, max_length, head_dim, dtype, scale_dtype):
+        shape = (batch_size, num_key_value_heads, max_length, head_dim)
+        scale_shape = (*shape[:3], 1)
+        codes = _CODE_DTYPES[dtype]
+        return cls(
+            ops.zeros(shape, dtype=codes),
+            ops.zeros(shape, dtype=codes),
+            ops.zeros(scale_shape, dtype=scale_dtype),
+            ops.zeros(scale_shape, dtype=scale_dtype),
+        )
+
+    @classmethod
+    def variables(cls, batch_size, num_key_value_heads, max_length, head_dim, dtype, scale_dtype):
+        """The zero cache as four non-trainable `tf.Variable`s (TensorFlow), as `KVCache`'s."""
+        shape = (batch_size, num_key_value_heads, max_length, head_dim)
+        make = backends.current().cache_variables
+        return cls(*make(shape, _CODE_DTYPES[dtype]), *make((*shape[:3], 1), scale_dtype))
+
+    max_length = KVCache.max_length
+    in_place = KVCache.in_place
+
+
+# The buffer dtype of each quantized KV dtype's codes (float8: its bits, see above).
+_CODE_DTYPES = {"int8": "int8", "float8_e4m3fn": "uint8"}
+_KV_DTYPES = {code: name for name, code in _CODE_DTYPES.items()}
+
+
+def kv_dtype(cache):
+    """The `init_cache` dtype of a cache: `"int8"`, `"float8_e4m3fn"` or its float dtype.
+
+    Example:
+        >>> kv_dtype(KVCache.zeros(1, 2, 8, 4, "float32"))
+        'float32'
+    """
+    name = dtype_name(cache[0].dtype)
+    return _KV_DTYPES.get(name, name) if isinstance(cache, QuantizedKVCache) else name
+
+
 def is_variable(buffer):
     """Whether `buffer` is a TensorFlow variable (a cache buffer updated by `assign`)."""
     return backends.current().is_variable(buffer)
@@ -124,22 +185,20 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
             f"num_key_value_heads={num_key_value_heads}, max_length, head_dim={head_dim})"
         )
 
-    if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+    if not isinstance(cache, (tuple, list)) or len(cache) not in (2, 4):
         raise ValueError(f"`cache` must be {expected()}; received {_describe(cache)}.")
-    key, value = _unwrap(cache[0]), _unwrap(cache[1])
-    if is_variable(key) != is_variable(value):
+    buffers = [_unwrap(buffer) for buffer in cache]
+    if len({is_variable(buffer) for buffer in buffers}) > 1:
         raise ValueError(
-            "`cache` key and value buffers must both be variables (`init_cache(..., "
-            f"variables=True)`) or both tensors; received {_describe(cache)}."
+            "`cache` buffers must all be variables (`init_cache(..., variables=True)`) or "
+            f"all tensors; received {_describe(cache)}."
         )
+    if len(buffers) == 4:
+        _check_shape(buffers[0], "key", expected, batch_size, num_key_value_heads, head_dim)
+        return _as_quantized(cache, buffers, layer_dtype)
+    key, value = buffers
     for name, buffer in (("key", key), ("value", value)):
-        shape = tuple(getattr(buffer, "shape", ()))
-        if len(shape) != 4 or (
-            (shape[1], shape[3]) != (num_key_value_heads, head_dim)
-            or shape[0] not in (None, batch_size)
-            and batch_size is not None
-        ):
-            raise ValueError(f"`cache` must be {expected()}; its {name} buffer has shape {shape}.")
+        _check_shape(buffer, name, expected, batch_size, num_key_value_heads, head_dim)
     if tuple(key.shape) != tuple(value.shape):
         raise ValueError(
             f"`cache` key and value buffers must have the same shape; received "
@@ -156,6 +215,49 @@ def as_kv_cache(cache, *, batch_size, num_key_value_heads, head_dim, layer_dtype
     if isinstance(cache, KVCache) and key is cache.key and value is cache.value:
         return cache
     return KVCache(key, value)
+
+
+def _as_quantized(cache, buffers, layer_dtype):
+    """`as_kv_cache` for a `QuantizedKVCache` (four buffers) whose key buffer was checked."""
+    key, value, key_scale, value_scale = buffers
+    shape = tuple(key.shape)
+    for name, buffer, want in (
+        ("value", value, shape),
+        ("key_scale", key_scale, (*shape[:3], 1)),
+        ("value_scale", value_scale, (*shape[:3], 1)),
+    ):
+        if tuple(buffer.shape) != want:
+            raise ValueError(
+                f"`cache` {name} buffer has shape {tuple(buffer.shape)}; the quantized cache "
+                f"from `init_cache` has {want} (its key buffer is {shape})."
+            )
+    codes = {dtype_name(key.dtype), dtype_name(value.dtype)}
+    if len(codes) != 1 or not codes <= set(_KV_DTYPES):
+        raise ValueError(
+            f"`cache` codes have dtypes {sorted(codes)}; a quantized cache from `init_cache` "
+            f"holds {' or '.join(sorted(_KV_DTYPES))} codes (int8, float8_e4m3fn)."
+        )
+    for name, buffer in (("key_scale", key_scale), ("value_scale", value_scale)):
+        if dtype_name(buffer.dtype) != layer_dtype:
+            raise ValueError(
+                f"`cache` {name} buffer has dtype {dtype_name(buffer.dtype)}, but the layer "
+                f"computes in {layer_dtype}: build the cache with `init_cache`."
+            )
+    if isinstance(cache, QuantizedKVCache) and all(
+        mine is theirs for mine, theirs in zip(buffers, cache, strict=True)
+    ):
+        return cache
+    return QuantizedKVCache(*buffers)
+
+
+def _check_shape(buffer, name, expected, batch_size, num_key_value_heads, head_dim):
+    shape = tuple(getattr(buffer, "shape", ()))
+    if len(shape) != 4 or (
+        (shape[1], shape[3]) != (num_key_value_heads, head_dim)
+        or shape[0] not in (None, batch_size)
+        and batch_size is not None
+    ):
+        raise ValueError(f"`cache` must be {expected()}; its {name} buffer has shape {shape}.")
 
 
 def static_index(cache_index):
@@ -265,12 +367,19 @@ def index_checked_by_caller():
 def write(cache, key, value, start, static_start):
     """Write new keys/values `(B, T, Hkv, D)` at `start`; return `(cache, valid)`.
 
+    For a `QuantizedKVCache`, `key` and `value` are `(codes, scale)` pairs from
+    `kv_quantization.quantize`, each `(B, T, Hkv, D | 1)`.
+
     `valid` is None when `static_start` (the Python int behind `start`, or
     None when traced) is known, or within `index_checked_by_caller`; otherwise
     a boolean scalar tensor that is False when the write would overrun and was
     skipped. A variable cache is assigned its new contents and returned as it is
     (the same variables).
     """
+    new_parts = (key, value)
+    if isinstance(cache, QuantizedKVCache):
+        (key, key_scale), (value, value_scale) = key, value
+        new_parts = (key, value, key_scale, value_scale)
     max_length = cache.key.shape[_LENGTH_AXIS]
     query_length = key.shape[1]
     valid = None
@@ -281,7 +390,7 @@ def write(cache, key, value, start, static_start):
                 ops.greater_equal(start, 0), ops.less_equal(start + query_length, max_length)
             )
     updated = []
-    for buffer, new in ((cache.key, key), (cache.value, value)):
+    for buffer, new in zip(cache, new_parts, strict=True):
         new = ops.transpose(new, (0, 2, 1, 3))
         if new.dtype != buffer.dtype:
             new = ops.cast(new, buffer.dtype)
@@ -291,6 +400,6 @@ def write(cache, key, value, start, static_start):
         else:
             written = _write_buffer(buffer, new, start, static_start, valid)
         updated.append(written)
-    if updated[0] is cache.key and updated[1] is cache.value:
+    if all(mine is theirs for mine, theirs in zip(updated, cache, strict=True)):
         return cache, valid
-    return KVCache(*updated), valid
+    return type(cache)(*updated), valid

@@ -41,6 +41,7 @@ from keras_mha.layers.head_surgery import (
     replace_head_variables,
     take_heads,
 )
+from keras_mha.layers.quantization import refuse_quantized
 
 METHODS = ("mean", "first", "regroup")
 # Key and value variables whose distance `regroup` compares, kernels and biases alike.
@@ -306,6 +307,7 @@ def convert_layer_kv_heads(layer, num_key_value_heads, method="mean"):
         (`list(range(num_heads))` except for `"regroup"`).
     """
     new_class = check_kv_conversion(layer, num_key_value_heads, method)
+    refuse_quantized(layer, "convert_kv_heads", PruningError)
     num_heads, current = layer.num_heads, layer.num_key_value_heads
     target = int(num_key_value_heads)
     queries = list(range(num_heads))

@@ -20,6 +20,7 @@ import keras
 from keras import ops
 
 from keras_mha.models.direct_calls import activate, add_into, multiply_into, run
+from keras_mha.models.sublayer_policies import policy_for, quantized_policies
 from keras_mha.models.supported import ACTIVATIONS
 
 
@@ -119,6 +120,8 @@ class DecoderBlock(keras.layers.Layer):
         norm_bias: LayerNorms with a bias.
         mlp_kind: "gated" or "plain".
         parallel_residual: attention and MLP both read the block's input.
+        sublayer_dtypes: quantized policies of the MLP's Dense layers by name, as
+            `get_config` records them after `quantize` (`sublayer_policies.py`).
 
     Call arguments:
         inputs: `(batch, length, hidden_size)`.
@@ -144,6 +147,7 @@ class DecoderBlock(keras.layers.Layer):
         norm_bias=False,
         mlp_kind="gated",
         parallel_residual=False,
+        sublayer_dtypes=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -180,7 +184,7 @@ class DecoderBlock(keras.layers.Layer):
                 units,
                 use_bias=self.mlp_bias,
                 kernel_initializer=self.kernel_initializer,
-                dtype=dtype,
+                dtype=policy_for(sublayer_dtypes, name, dtype),
                 name=name,
             )
 
@@ -269,6 +273,7 @@ class DecoderBlock(keras.layers.Layer):
             "norm_bias": self.norm_bias,
             "mlp_kind": self.mlp_kind,
             "parallel_residual": self.parallel_residual,
+            "sublayer_dtypes": quantized_policies((self.gate_proj, self.up_proj, self.down_proj)),
         }
 
 
@@ -283,6 +288,7 @@ class EncoderBlock(keras.layers.Layer):
         activation: a Hugging Face activation name (BERT: exact "gelu").
         norm_epsilon: LayerNorm epsilon.
         kernel_initializer: of the MLP's projections.
+        sublayer_dtypes: quantized policies of the MLP's Dense layers by name.
 
     Call arguments:
         inputs: `(batch, length, hidden_size)`.
@@ -297,6 +303,7 @@ class EncoderBlock(keras.layers.Layer):
         activation="gelu",
         norm_epsilon=1e-12,
         kernel_initializer="glorot_uniform",
+        sublayer_dtypes=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -314,13 +321,13 @@ class EncoderBlock(keras.layers.Layer):
         self.intermediate = keras.layers.Dense(
             self.intermediate_size,
             kernel_initializer=self.kernel_initializer,
-            dtype=dtype,
+            dtype=policy_for(sublayer_dtypes, "intermediate", dtype),
             name="intermediate",
         )
         self.output_dense = keras.layers.Dense(
             self.hidden_size,
             kernel_initializer=self.kernel_initializer,
-            dtype=dtype,
+            dtype=policy_for(sublayer_dtypes, "output_dense", dtype),
             name="output_dense",
         )
         self.output_norm = keras.layers.LayerNormalization(
@@ -353,6 +360,7 @@ class EncoderBlock(keras.layers.Layer):
             "activation": self.activation,
             "norm_epsilon": self.norm_epsilon,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "sublayer_dtypes": quantized_policies((self.intermediate, self.output_dense)),
         }
 
 

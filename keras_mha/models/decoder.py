@@ -28,10 +28,12 @@ from keras_mha.models.blocks import DecoderBlock, make_norm
 from keras_mha.models.direct_calls import run
 from keras_mha.models.inputs import CheckedInputs, as_arrays, check_token_ids, unpack_inputs
 from keras_mha.models.kept_logits import check_logits_to_keep, keep_positions
+from keras_mha.models.quantize import QuantizeBlocks
+from keras_mha.models.sublayer_policies import policy_for, quantized_policies
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
-class DecoderModel(CheckedInputs, keras.Model):
+class DecoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
     """A decoder-only causal LM: embeddings, `DecoderBlock`s, final norm, LM head.
 
     Args:
@@ -55,6 +57,8 @@ class DecoderModel(CheckedInputs, keras.Model):
         max_position_embeddings: rows of a learned position table (GPT-2); None for
             models that rotate queries and keys (RoPE) instead.
         weight_naming: ignored (0.2 `.keras` files name their table here).
+        sublayer_dtypes: quantized policies of the embeddings and LM head by name, as
+            `get_config` records them after `quantize` (`sublayer_policies.py`).
 
     Call arguments:
         inputs: `{"token_ids": (B, T) int, "padding_mask": (B, T) bool/int}` or the
@@ -91,6 +95,7 @@ class DecoderModel(CheckedInputs, keras.Model):
         norm_bias=False,
         max_position_embeddings=None,
         weight_naming=None,
+        sublayer_dtypes=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -120,7 +125,7 @@ class DecoderModel(CheckedInputs, keras.Model):
                 rows,
                 self.hidden_size,
                 embeddings_initializer=self.embeddings_initializer,
-                dtype=dtype,
+                dtype=policy_for(sublayer_dtypes, name, dtype),
                 name=name,
             )
             layer.build((None, None))
@@ -157,7 +162,7 @@ class DecoderModel(CheckedInputs, keras.Model):
                     self.vocab_size,
                     use_bias=False,
                     kernel_initializer=self.kernel_initializer,
-                    dtype=dtype,
+                    dtype=policy_for(sublayer_dtypes, "lm_head", dtype),
                     name="lm_head",
                 )
                 self.lm_head.build((None, None, self.hidden_size))
@@ -186,7 +191,7 @@ class DecoderModel(CheckedInputs, keras.Model):
     def logits(self, hidden):
         """The LM head (tied or not) and the final soft cap, on normalised hidden states."""
         if self.lm_head is None:
-            embeddings = ops.cast(self.token_embedding.embeddings, hidden.dtype)
+            embeddings = ops.cast(self._embedding_table(), hidden.dtype)
             logits = ops.matmul(hidden, ops.transpose(embeddings))
         else:
             logits = run(self.lm_head, hidden)
@@ -194,6 +199,12 @@ class DecoderModel(CheckedInputs, keras.Model):
             cap = self.final_logit_soft_cap
             logits = ops.tanh(logits / cap) * cap
         return logits
+
+    def _embedding_table(self):
+        """The token embeddings as floats; a quantized table through Keras's own lookup."""
+        if self.token_embedding.quantization_mode is None:
+            return self.token_embedding.embeddings
+        return self.token_embedding(ops.arange(self.vocab_size, dtype="int32"))
 
     @staticmethod
     def _key_mask(padding_mask):
@@ -249,15 +260,16 @@ class DecoderModel(CheckedInputs, keras.Model):
         return self.logits(self.final_norm(hidden))
 
     # ------------------------------------------------------------------ decoding
-    def init_caches(self, batch_size, max_length, variables=False):
+    def init_caches(self, batch_size, max_length, variables=False, dtype=None):
         """One KV cache per block (opaque: whatever the attention layer's `init_cache` makes).
 
         `variables=True` (TensorFlow): caches of variables that the steps update in
-        place (see `GroupedQueryAttention.init_cache`).
+        place; `dtype`: None (the compute dtype), `"int8"` or `"float8_e4m3fn"` (see
+        `GroupedQueryAttention.init_cache`).
         """
         return [
             block.attention.init_cache(
-                batch_size, max_length, dtype=self.compute_dtype, variables=variables
+                batch_size, max_length, dtype=dtype or self.compute_dtype, variables=variables
             )
             for block in self.blocks
         ]
@@ -318,6 +330,9 @@ class DecoderModel(CheckedInputs, keras.Model):
             "norm_type": self.norm_type,
             "norm_bias": self.norm_bias,
             "max_position_embeddings": self.max_position_embeddings,
+            "sublayer_dtypes": quantized_policies(
+                (self.token_embedding, self.position_embedding, self.lm_head)
+            ),
         }
 
     @classmethod

@@ -22,10 +22,12 @@ from keras import ops
 from keras_mha.errors import UsageError
 from keras_mha.models.blocks import EncoderBlock
 from keras_mha.models.inputs import CheckedInputs, as_arrays, check_token_ids, unpack_inputs
+from keras_mha.models.quantize import QuantizeBlocks
+from keras_mha.models.sublayer_policies import policy_for, quantized_policies
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
-class EncoderModel(CheckedInputs, keras.Model):
+class EncoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
     """A BERT-style encoder returning the last hidden state `(B, T, hidden_size)`.
 
     Args:
@@ -43,6 +45,7 @@ class EncoderModel(CheckedInputs, keras.Model):
             `cumsum(mask) * mask + position_padding_idx` with `mask = token_ids !=
             position_padding_idx`; None numbers positions `0 .. T - 1` (BERT).
         weight_naming: ignored (0.2 `.keras` files name their table here).
+        sublayer_dtypes: quantized policies of the embeddings by name (`sublayer_policies.py`).
 
     Call arguments:
         inputs: `{"token_ids", "padding_mask", "segment_ids" (optional token types)}`
@@ -63,6 +66,7 @@ class EncoderModel(CheckedInputs, keras.Model):
         embeddings_initializer="uniform",
         position_padding_idx=None,
         weight_naming=None,
+        sublayer_dtypes=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -85,7 +89,7 @@ class EncoderModel(CheckedInputs, keras.Model):
                 rows,
                 self.hidden_size,
                 embeddings_initializer=self.embeddings_initializer,
-                dtype=dtype,
+                dtype=policy_for(sublayer_dtypes, name, dtype),
                 name=name,
             )
             layer.build((None, None))
@@ -179,6 +183,9 @@ class EncoderModel(CheckedInputs, keras.Model):
             "hub_config": self.hub_config,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             "position_padding_idx": self.position_padding_idx,
+            "sublayer_dtypes": quantized_policies(
+                (self.token_embedding, self.position_embedding, self.token_type_embedding)
+            ),
         }
 
     @classmethod

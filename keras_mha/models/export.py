@@ -58,6 +58,7 @@ import numpy as np
 
 from keras_mha.errors import CheckpointError, ExportError, PathError
 from keras_mha.families import family_for, unique_families
+from keras_mha.layers.quantization import refuse_quantized
 from keras_mha.models.export_files import (
     DEFAULT_MAX_SHARD_SIZE,
     KERAS_TO_SAFETENSORS_DTYPE,
@@ -552,6 +553,8 @@ def save_pretrained(
     if copy_tokenizer and source is not None and source.is_dir():
         source_files(source)  # a file leading out of the source is refused before any work
     config = source_config(model)
+    for layer in model._flatten_layers():  # Keras's walk over every nested layer
+        refuse_quantized(layer, "save_pretrained (float safetensors)", ExportError)
     heads, kv_heads, head_dim = check_uniform(model)
     refusal = grouped_query_refusal(model)
     if refusal is not None:

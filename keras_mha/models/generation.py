@@ -50,6 +50,7 @@ from keras_mha.layers import kv_cache
 from keras_mha.models import decode_loop
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 from keras_mha.planning.config_values import shown
+from keras_mha.planning.kv_formats import RUNTIME_QUANTIZED
 
 CACHE_BUCKET = 64
 
@@ -62,16 +63,19 @@ DECODE_PATHS = {
     "per_token": "one compiled (or eager PyTorch) step per token, tokens chosen on the host",
 }
 
+# model -> {(compile_torch, kv_cache_dtype): its _CompiledDecoder}; model -> the latest used.
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LATEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _CompiledDecoder:
     """The prefill and step functions of one model, compiled for the current backend."""
 
-    def __init__(self, model, compile_torch=False):
+    def __init__(self, model, compile_torch=False, kv_cache_dtype=None):
         self.model = model
         self.backend = backends.current()
         self.compile_torch = compile_torch
+        self.kv_cache_dtype = kv_cache_dtype
         # TensorFlow cannot donate a function's tensor arguments: its caches are variables.
         self.variable_caches = self.backend.variable_caches
         self.paths = self.backend.decode_paths(model)  # the default first
@@ -121,7 +125,11 @@ class _CompiledDecoder:
         make = self._cache_factories.get((batch, max_length))
         if make is None:
             make = functools.partial(
-                self.model.init_caches, batch, max_length, variables=self.variable_caches
+                self.model.init_caches,
+                batch,
+                max_length,
+                variables=self.variable_caches,
+                dtype=self.kv_cache_dtype,
             )
             make = self._cache_factories[batch, max_length] = self.backend.cache_factory(make)
         return make()
@@ -223,11 +231,36 @@ class _CompiledDecoder:
         self.stats[key] += 1
 
 
-def _decoder_for(model, compile_torch):
-    decoder = _DECODERS.get(model)
-    if decoder is None or decoder.compile_torch != compile_torch:
-        decoder = _DECODERS[model] = _CompiledDecoder(model, compile_torch)
+def _decoder_for(model, compile_torch, kv_cache_dtype=None):
+    """The model's decoder for these options, kept beside those of other options (a paired
+    benchmark alternates float and int8 caches); the latest is `generation_stats`'s."""
+    decoders = _DECODERS.setdefault(model, {})
+    decoder = decoders.get((compile_torch, kv_cache_dtype))
+    if decoder is None:
+        decoder = _CompiledDecoder(model, compile_torch, kv_cache_dtype)
+        decoders[compile_torch, kv_cache_dtype] = decoder
+    _LATEST[model] = decoder
     return decoder
+
+
+def check_kv_cache_dtype(kv_cache_dtype, key="kv_cache_dtype"):
+    """`kv_cache_dtype` if it is None or a quantized KV dtype `init_cache` takes, else a
+    `UsageError` naming `key`, the value and what is accepted.
+
+    Example:
+        >>> check_kv_cache_dtype("int8")
+        'int8'
+    """
+    if kv_cache_dtype is None or (
+        isinstance(kv_cache_dtype, str) and kv_cache_dtype in RUNTIME_QUANTIZED
+    ):
+        return kv_cache_dtype
+    accepted = ", ".join(repr(name) for name in RUNTIME_QUANTIZED)
+    raise UsageError(
+        f"{key}={shown(kv_cache_dtype)}; expected None (the model's compute dtype) or a "
+        f"quantized KV cache: {accepted}",
+        key=key,
+    )
 
 
 def generation_stats(model) -> dict:
@@ -237,7 +270,7 @@ def generation_stats(model) -> dict:
         >>> generation_stats(model)  # doctest: +SKIP
         {'backend': 'jax', 'compiled': True, 'prefill_traces': 1, 'step_traces': 1, ...}
     """
-    decoder = _DECODERS.get(model)
+    decoder = _LATEST.get(model)
     return dict(decoder.stats) if decoder is not None else {}
 
 
@@ -415,6 +448,7 @@ def generate(
     padding_mask=None,
     compile_torch=False,
     decode_path="auto",
+    kv_cache_dtype=None,
 ):
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -433,6 +467,10 @@ def generate(
         decode_path: how the tokens after the prefill are decoded, one of
             `DECODE_PATHS`: "auto" (the default) takes the fastest measured for the
             backend and device; `generation_stats(model)["path"]` says which ran.
+        kv_cache_dtype: None (the model's compute dtype), `"int8"` or `"float8_e4m3fn"`:
+            KV caches of codes with one scale per token and KV head
+            (`GroupedQueryAttention.init_cache`), about a quarter (float32 models) or
+            half (16-bit models) of the float cache's bytes.
 
     Returns:
         NumPy int32 `(B, T + n)`: the prompts followed by the `n <= max_new_tokens` new
@@ -452,6 +490,7 @@ def generate(
     ids, mask = _check_arguments(
         model, token_ids, max_new_tokens, temperature, top_k, top_p, padding_mask
     )
+    kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
     eos = _eos_ids(eos_token_id, model.vocab_size)
     rng = _generator(seed)
     batch, length = ids.shape
@@ -460,7 +499,7 @@ def generate(
     key_mask = np.ones((batch, max_length), dtype=bool)
     key_mask[:, :length] = mask
 
-    decoder = _decoder_for(model, compile_torch)
+    decoder = _decoder_for(model, compile_torch, kv_cache_dtype)
     path = _decode_path(decoder, decode_path)
     decoder.stats["path"] = path
     sampling = decode_loop.Sampling(float(temperature), top_k, top_p)

@@ -336,7 +336,7 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
     return bound
 
 
-def load_weights(model, checkpoint_dir) -> dict[str, str]:
+def load_weights(model, checkpoint_dir, *, quantize=None) -> dict[str, str]:
     """Fill `model` from a safetensors checkpoint; checked first, then one tensor at a time.
 
     Each tensor is read from the file into one aligned array, converted to the model's
@@ -346,6 +346,11 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     array, which on the CPU becomes the variable's buffer without a copy; variables the
     checkpoint has no tensor for (head gates) get their own initializer's value. A model
     built eagerly has its variables assigned.
+
+    With `quantize` (`"int8"`, `"int4"`, `"float8"`), the layers `model.quantize`
+    would quantize (`keras_mha.models.quantize`) are read one after another, each
+    quantized by Keras's own `quantize` as soon as its last tensor is in: the float
+    copies held at once are one layer's, not the model's.
 
     Returns:
         `{variable path: hub tensor name}` for every variable filled.
@@ -364,6 +369,8 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
     # the model, while the last tensors' copies are small (peak: the model plus about
     # one layer's tensor, instead of plus the LM head).
     bound.sort(key=lambda rule: -checkpoint.nbytes_of(rule.hub_name))
+    if quantize is not None:
+        bound, owners = _grouped_by_quantized_layer(model, bound, checkpoint)
     sources = {}
     for rule in bound:
         variables = [resolve(model, path) for path in rule.variables]
@@ -376,9 +383,55 @@ def load_weights(model, checkpoint_dir) -> dict[str, str]:
         for variable, path in zip(variables, rule.variables, strict=True):
             fill(variable, values.pop(0), shared=shared)
             sources[path] = rule.hub_name
+        if quantize is not None:
+            _quantize_when_complete(owners, rule, quantize)
         _return_freed_memory()
     initialize_rest(model.variables)
     return sources
+
+
+def _owner_path(variable_path: str) -> str:
+    return variable_path.rsplit(".", 1)[0]
+
+
+def _grouped_by_quantized_layer(model, bound, checkpoint):
+    """`bound` reordered so that each quantized layer's tensors come together (largest
+    layer first), and `{layer path: [layer, rules not read yet]}` of those layers."""
+    from keras_mha.models.quantize import is_quantized_by_default
+
+    owners = {}
+    for rule in bound:
+        for path in rule.variables:
+            layer = resolve(model, _owner_path(path))
+            if layer is not None and is_quantized_by_default(layer):
+                rules = owners.setdefault(_owner_path(path), [layer, []])[1]
+                if rule not in rules:  # a fused tensor fills several of its variables
+                    rules.append(rule)
+    size = {
+        path: sum(checkpoint.nbytes_of(rule.hub_name) for rule in rules)
+        for path, (_, rules) in owners.items()
+    }
+
+    def order(rule):
+        path = _owner_path(rule.variables[0])
+        return (-size.get(path, checkpoint.nbytes_of(rule.hub_name)), path)
+
+    return sorted(bound, key=order), owners
+
+
+def _quantize_when_complete(owners, rule, mode):
+    """Quantize the layer of `rule`'s variables once every tensor of it has been read."""
+    from keras_mha.models.deferred import initialize_rest
+
+    for path in {_owner_path(variable) for variable in rule.variables}:
+        if path not in owners:
+            continue
+        layer, rules = owners[path]
+        rules.remove(rule)
+        if not rules:
+            initialize_rest(layer.variables)  # head gates: not in the checkpoint
+            layer.quantize(mode)
+            del owners[path]
 
 
 def _warn_if_nonfinite(checkpoint: SafetensorsCheckpoint, key: str, tensor) -> None:
@@ -403,8 +456,28 @@ def _return_freed_memory():
         pass
 
 
+def _refuse_quantized_checkpoint(config: dict, source: str) -> None:
+    """One line naming a checkpoint's quantization format, which this loader cannot read."""
+    quantization = config.get("quantization_config")
+    if not isinstance(quantization, dict):
+        return
+    method = shown(quantization.get("quant_method", "unknown"))
+    raise UnsupportedModelError(
+        f"{source}: quantization_config.quant_method={method}: keras-mha loads float "
+        "checkpoints only; load the float release and pass quantize='int8', 'int4' or 'float8'"
+    )
+
+
 def from_pretrained(
-    source, *, dtype=None, revision=None, token=None, endpoint=None, offline=None, timeout=None
+    source,
+    *,
+    dtype=None,
+    quantize=None,
+    revision=None,
+    token=None,
+    endpoint=None,
+    offline=None,
+    timeout=None,
 ):
     """A Keras model of keras-mha layers from a Hub checkpoint.
 
@@ -414,6 +487,9 @@ def from_pretrained(
             through the HF cache (`HF_TOKEN`, `HF_ENDPOINT`, `HF_HUB_OFFLINE` apply).
         dtype: "float32", "bfloat16" or "float16"; default the checkpoint's own where the
             device computes it well (see `choose_dtype`), else float32.
+        quantize: None, or `"int8"`, `"int4"`, `"float8"`: quantize the blocks'
+            attention and MLP layers while loading, layer by layer, as `model.quantize`
+            would (`keras_mha.models.quantize`; docs/guides/quantization.md).
         revision: Hub branch, tag or commit (Hub ids only).
         token: Hub token; None uses the stored login / `HF_TOKEN`.
         endpoint: Hub endpoint; None uses `HF_ENDPOINT`.
@@ -431,8 +507,9 @@ def from_pretrained(
             file that resolves outside the folder (a `..` shard name, a symlink leading
             elsewhere).
         ConfigError: a config value that cannot be read.
-        UnsupportedModelError: a family or feature keras_mha.models does not build.
-        UsageError: `source` or `dtype` is not one of the values expected.
+        UnsupportedModelError: a family or feature keras_mha.models does not build; a
+            quantized checkpoint (fp8 blocks, GPTQ, AWQ, bitsandbytes, compressed-tensors).
+        UsageError: `source`, `dtype` or `quantize` is not one of the values expected.
 
     Warns:
         UserWarning: a tensor holds NaN or infinite values (named, with their count).
@@ -444,8 +521,10 @@ def from_pretrained(
     """
     from keras_mha.hub.config import read_config_file
     from keras_mha.models.deferred import deferred_variables
+    from keras_mha.models.quantize import check_mode
     from keras_mha.planning.spec import from_config
 
+    check_mode(quantize)
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise UsageError(
             f"source={shown(source)}; expected a local folder or a Hub model id", key="source"
@@ -460,6 +539,7 @@ def from_pretrained(
         if timeout is not None:
             hub["timeout"] = timeout
         config, directory = _hub_checkpoint(source, revision, token, hub)
+    _refuse_quantized_checkpoint(config, source)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown families are refused below, by name
         try:
@@ -469,7 +549,7 @@ def from_pretrained(
     # Built without memory: each variable is created from its checkpoint tensor.
     with deferred_variables() as pending:
         model = build_model(spec, dtype=choose_dtype(config, dtype), initializer="zeros")
-    load_weights(model, directory)
+    load_weights(model, directory, quantize=quantize)
     pending.initialize_rest()  # anything the model's variable list does not reach
     # save_pretrained copies the tokenizer files from here.
     model.source_directory = str(directory)

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from keras_mha.families import VISION_TOWER_LAYOUTS, family_for
+from keras_mha.planning.kv_formats import kv_format
 from keras_mha.planning.spec import ModelSpec
 
 # Bits per cached element; int4 packs two elements in a byte.
@@ -112,9 +113,11 @@ class LayerKVCache:
         key_elements_per_token: key elements per token (for the MLA latent: the
             compressed KV plus the shared rope key, `kv_lora_rank + qk_rope_head_dim`).
         value_elements_per_token: value elements per token (0 for the MLA latent).
+        rows_per_token: rows a quantized cache keeps one scale each for, per token
+            (`kv_formats`): the key and value rows of every KV head (1 for the MLA latent).
 
     Example:
-        >>> LayerKVCache(0, "full", 10, 1024, 1024).elements
+        >>> LayerKVCache(0, "full", 10, 1024, 1024, 16).elements
         20480
     """
 
@@ -123,11 +126,22 @@ class LayerKVCache:
     cached_tokens: int
     key_elements_per_token: int
     value_elements_per_token: int
+    rows_per_token: int = 0
 
     @property
     def elements(self) -> int:
         """Cached elements of this layer for one batch row."""
         return self.cached_tokens * (self.key_elements_per_token + self.value_elements_per_token)
+
+    def bits_per_token(self, kv_dtype: str, compute_dtype: str = "bfloat16") -> int:
+        """Bits one cached token of this layer takes in `kv_dtype`, scales included.
+
+        Example:
+            >>> LayerKVCache(0, "full", 10, 64, 64, 2).bits_per_token("int8", "float32")
+            1088
+        """
+        elements = self.key_elements_per_token + self.value_elements_per_token
+        return kv_format(kv_dtype).row_bits(elements, compute_dtype, self.rows_per_token)
 
 
 @dataclass(frozen=True)
@@ -149,7 +163,8 @@ class KVCacheCost:
             window is full (only full-attention layers, and cross-attention, grow).
         total_bytes: the whole cache: `batch * sum over layers of cached_tokens *
             elements_per_token`, sliding layers capped at their window, layers without
-            attention skipped; rounded up to whole bytes (int4).
+            attention skipped; rounded up to whole bytes (int4). Quantized dtypes add one
+            scale per token and KV head (`kv_formats`), in `compute_dtype`.
         mha_equivalent_bytes: the same model if every attention layer cached
             `num_attention_heads` key and value heads (of `head_dim` and
             `value_head_dim`) for the full length, no window, no latent.
@@ -178,14 +193,19 @@ class KVCacheCost:
     layers: tuple[LayerKVCache, ...]
 
     def as_dict(self) -> dict:
-        """Every field but the per-layer detail, as a plain (JSON-ready) dict.
+        """Every field but the per-layer detail, as a plain (JSON-ready) dict, with the
+        format's scales and the `init_cache` dtype that runs it (None: plan only).
 
         Example:
-            >>> KVCacheCost("int8", 1, 2, None, 1, 1, 2, 4, "kv", True, None, ()).as_dict()["dtype"]
-            'int8'
+            >>> cost = KVCacheCost("int8", 1, 2, None, 1, 1, 2, 4, "kv", True, None, ())
+            >>> cost.as_dict()["dtype"], cost.as_dict()["runtime_dtype"]
+            ('int8', 'int8')
         """
         values = asdict(self)
         values.pop("layers")
+        fmt = kv_format(self.dtype)
+        values["scales"] = fmt.granularity if fmt.scaled else None
+        values["runtime_dtype"] = fmt.runtime_dtype
         return values
 
 
@@ -452,6 +472,7 @@ def kv_cache_cost(
     kv_dtype: str = "bfloat16",
     encoder_seq_len: int | None = None,
     mla_cache: str = "latent",
+    compute_dtype: str = "bfloat16",
 ) -> KVCacheCost:
     """KV-cache bytes of `spec` at `seq_len` tokens (see `KVCacheCost` for definitions).
 
@@ -466,6 +487,7 @@ def kv_cache_cost(
             cache) or "expanded" (keys of `num_heads * (qk_nope_head_dim +
             qk_rope_head_dim)` and values of `num_heads * v_head_dim` per token per layer:
             what transformers 4's DeepseekV2/V3 attention cached after `kv_b_proj`).
+        compute_dtype: the dtype a quantized cache keeps its scales in (`kv_formats`).
 
     Raises:
         ValueError: a bad `kv_dtype`, `mla_cache`, `seq_len`, `batch` or `encoder_seq_len`.
@@ -493,7 +515,9 @@ def kv_cache_cost(
         encoder_seq_len = encoder_seq_len or seq_len
     else:
         encoder_seq_len = None
-    bits = KV_DTYPE_BITS[kv_dtype]
+    fmt = kv_format(kv_dtype)
+    bits = fmt.bits
+    scale_bits = fmt.scale_bits(compute_dtype)
     heads = spec.attention.num_attention_heads
 
     if not spec.is_decoder:
@@ -506,28 +530,32 @@ def kv_cache_cost(
             spec.attention.kv_lora_rank + spec.attention.qk_rope_head_dim,
             0,
         )
+        rows = 1
     elif spec.attention.kv_lora_rank:
         cache_format = "mla_expanded"
         key_elements, value_elements = (
             heads * spec.attention.head_dim,
             heads * spec.attention.value_head_dim,
         )
+        rows = 2 * heads
     else:
         cache_format = "kv"
         key_elements = spec.attention.num_key_value_heads * spec.attention.head_dim
         value_elements = spec.attention.num_key_value_heads * spec.attention.value_head_dim
+        rows = 2 * spec.attention.num_key_value_heads
     mha_elements = heads * (spec.attention.head_dim + spec.attention.value_head_dim)
 
     # Totals by arithmetic over the layer counts (the per-layer detail below is only listed).
     counts = spec.layer_kind_counts()
     full, sliding = counts["full"], counts["sliding"]
     window_tokens = min(seq_len, spec.attention.sliding_window) if sliding else 0
-    per_layer_token = key_elements + value_elements
+    # Bits per token: the elements, plus one scale per row for the quantized dtypes.
+    per_layer_token = (key_elements + value_elements) * bits + rows * scale_bits
     cross_layers = spec.num_hidden_layers if spec.is_encoder_decoder else 0
     cross_elements = heads * spec.attention.head_dim
-    cross_per_token = cross_layers * 2 * cross_elements
-    elements = per_layer_token * (full * seq_len + sliding * window_tokens)
-    elements += cross_per_token * (encoder_seq_len or 0)
+    cross_per_token = cross_layers * (2 * cross_elements * bits + 2 * heads * scale_bits)
+    cache_bits = per_layer_token * (full * seq_len + sliding * window_tokens)
+    cache_bits += cross_per_token * (encoder_seq_len or 0)
     mha_elements_total = (full + sliding) * seq_len * mha_elements
     mha_elements_total += cross_layers * (encoder_seq_len or 0) * mha_elements
     layers = tuple(
@@ -537,11 +565,12 @@ def kv_cache_cost(
             window_tokens if kind == "sliding" else seq_len,
             key_elements,
             value_elements,
+            rows,
         )
         for index, kind in enumerate(spec.layer_kinds)
         if kind != "none"
     ) + tuple(
-        LayerKVCache(index, "cross", encoder_seq_len, cross_elements, cross_elements)
+        LayerKVCache(index, "cross", encoder_seq_len, cross_elements, cross_elements, 2 * heads)
         for index in range(cross_layers)
     )
 
@@ -562,12 +591,16 @@ def kv_cache_cost(
         batch=batch,
         seq_len=seq_len,
         encoder_seq_len=encoder_seq_len,
-        bytes_per_token=_ceil_bytes(((full + sliding) * per_layer_token + cross_per_token) * bits),
-        bytes_per_token_beyond_window=_ceil_bytes(
-            (full * per_layer_token + cross_per_token) * bits
+        bytes_per_token=_ceil_bytes((full + sliding) * per_layer_token + cross_per_token),
+        bytes_per_token_beyond_window=_ceil_bytes(full * per_layer_token + cross_per_token),
+        total_bytes=_ceil_bytes(batch * cache_bits),
+        mha_equivalent_bytes=_ceil_bytes(
+            batch
+            * (
+                mha_elements_total * bits
+                + mha_elements_total // mha_elements * 2 * heads * scale_bits
+            )
         ),
-        total_bytes=_ceil_bytes(batch * elements * bits),
-        mha_equivalent_bytes=_ceil_bytes(batch * mha_elements_total * bits),
         cache_format=cache_format,
         applicable=True,
         note="; ".join(notes) or None,

@@ -30,7 +30,6 @@ from keras_mha.hub import bundled
 from keras_mha.hub.config import DEFAULT_TIMEOUT_SECONDS, LoadedConfig, load_config
 from keras_mha.hub.weights_size import CheckpointSize, checkpoint_size
 from keras_mha.planning.costs import (
-    KV_DTYPE_BITS,
     KVCacheCost,
     ParameterCounts,
     kv_cache_cost,
@@ -424,9 +423,12 @@ def _kv_cache(spec, seq_len: int, batch: int, kv_dtype: str) -> KVCachePlan:
     marginal = 0
     if cost.applicable:
         longer = kv_cache_cost(spec, seq_len=cost.seq_len + 1, batch=1, kv_dtype=cost.dtype)
-        now = sum(layer.elements for layer in cost.layers)
-        grown = sum(layer.elements for layer in longer.layers)
-        marginal = -(-(grown - now) * KV_DTYPE_BITS[cost.dtype] // 8)
+        # Bits, scales included (a quantized cache keeps one per token and KV head).
+        now = sum(layer.cached_tokens * layer.bits_per_token(cost.dtype) for layer in cost.layers)
+        grown = sum(
+            layer.cached_tokens * layer.bits_per_token(cost.dtype) for layer in longer.layers
+        )
+        marginal = -(-(grown - now) // 8)
     return KVCachePlan(cost, marginal)
 
 

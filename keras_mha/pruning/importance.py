@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_mha.errors import PruningError
+from keras_mha.layers.quantization import refuse_quantized
 from keras_mha.pruning.batches import Batches, batch_size_of, check_batching, resolve_loss
 from keras_mha.pruning.discovery import require_attention_layers
 from keras_mha.pruning.gate_gradients import GateLoss
@@ -182,6 +183,7 @@ def magnitude_scores(layer):
         >>> magnitude_scores(layer).shape
         (4,)
     """
+    refuse_quantized(layer, "head_importance(method='magnitude')", PruningError)
     per_query_head = _squared_norm(layer.query_kernel, 1) + _squared_norm(layer.output_kernel, 0)
     per_kv_head = _squared_norm(layer.key_kernel, 1) + _squared_norm(layer.value_kernel, 1)
     if layer.use_bias:

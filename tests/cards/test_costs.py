@@ -165,9 +165,10 @@ def test_llama_3_8b_kv_cache_matches_design_md():
         ("float32", 262144),
         ("bfloat16", 131072),
         ("float16", 131072),
-        ("float8", 65536),
-        ("int8", 65536),
-        ("int4", 32768),  # half a byte per element
+        # Plus a bfloat16 scale per token and KV head: 32 layers x 16 rows x 2 bytes.
+        ("float8", 65536 + 1024),
+        ("int8", 65536 + 1024),
+        ("int4", 32768 + 1024),  # half a byte per element
     ],
 )
 def test_kv_dtypes(kv_dtype, bytes_per_token):
@@ -189,7 +190,10 @@ def test_int4_rounds_up_to_whole_bytes():
         "head_dim": 1,
     }
     cost = kv_cache_cost(from_config(config), seq_len=1, kv_dtype="int4")
-    assert cost.bytes_per_token == cost.total_bytes == 1  # 2 elements x 4 bits
+    plain = kv_cache_cost(from_config(config), seq_len=1, kv_dtype="float8")
+    # 2 elements x 4 bits and 2 scales of 16 bits: 36 bits, 4.5 bytes.
+    assert cost.bytes_per_token == cost.total_bytes == 5
+    assert plain.total_bytes == 6
 
 
 def test_bad_kv_dtype_names_the_argument_the_value_and_the_choices():

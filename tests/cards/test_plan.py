@@ -399,5 +399,6 @@ def test_memory_budget_is_the_devices_usable_share():
 def test_kv_dtype_bits_per_device(dtype):
     spec = spec_of("meta-llama/Meta-Llama-3-8B")
     serving = ServingModel(spec, kv_dtype=dtype, placement=Placement(4, 1))
-    expected = 3 * 100 * 32 * 2 * 2 * 128 * KV_DTYPE_BITS[dtype] // 8  # 2 of 8 KV heads
+    # 2 of 8 KV heads, and a bfloat16 scale per token and KV head for keys and values.
+    expected = 3 * 100 * 32 * 2 * (2 * 128 * KV_DTYPE_BITS[dtype] + 2 * 16) // 8
     assert serving.kv_bytes(serving.stages[0], 3, 100) == expected

@@ -95,10 +95,13 @@ def test_json_kv_cache_holds_the_last_requested_length(capsys):
     assert report["kv_cache"]["seq_len"] == 131072
     assert [entry["seq_len"] for entry in report["kv_cache_by_seq_len"]] == [1024, 131072]
     first = report["kv_cache_by_seq_len"][0]
-    # int8: one byte per element, half of bfloat16's per-token cost.
+    # int8: one byte per element, half of bfloat16's per-token cost, plus a bfloat16 scale
+    # per token and KV head for keys and values (32 layers x 8 KV heads x 2 x 2 bytes).
+    int8_per_token = LLAMA_3_BYTES_PER_TOKEN // 2 + 32 * 8 * 2 * 2
     assert first["dtype"] == "int8" and first["batch"] == 4
-    assert first["bytes_per_token"] == LLAMA_3_BYTES_PER_TOKEN // 2
-    assert first["total_bytes"] == LLAMA_3_BYTES_PER_TOKEN // 2 * 1024 * 4
+    assert first["runtime_dtype"] == "int8" and "per token and KV head" in first["scales"]
+    assert first["bytes_per_token"] == int8_per_token
+    assert first["total_bytes"] == int8_per_token * 1024 * 4
     assert report["kv_cache"] == report["kv_cache_by_seq_len"][-1]
 
 

@@ -59,6 +59,10 @@ def applies(layer, inputs, cache, start, options):
     """
     if start is None or not options.use_fused:
         return False
+    if isinstance(cache, kv_cache.QuantizedKVCache):
+        return False  # quantized on writing, dequantized for attention: the general path
+    if layer.quantization_mode is not None:
+        return False  # `step` reads float kernels; Keras's quantized Dense layers run instead
     if torch.compiler.is_compiling() or inputs.query_mask is not None:
         return False
     if layer.sliding_window is not None and not options.causal:

@@ -177,8 +177,9 @@ class StageLayout:
         index: the stage.
         weights_bytes: its weights (all parts).
         expert_bytes: the routed experts within `weights_bytes` (for decode traffic).
-        growing: KV elements per token of its layers that cache every token.
-        capped: `((window, elements per token), ...)` of its sliding layers.
+        growing: KV-cache bits per token of its layers that cache every token (elements
+            and, for a quantized cache, their scales: `kv_formats`).
+        capped: `((window, bits per token), ...)` of its sliding layers.
         recurrent_bytes_per_row: Mamba state of its layers, per sequence.
         last: whether it holds the LM head (and so the logits).
         lookup_bytes: embedding tables within `weights_bytes` that a step reads one row of
@@ -194,12 +195,12 @@ class StageLayout:
     last: bool
     lookup_bytes: int = 0
 
-    def kv_elements(self, seq_len: int) -> int:
-        """KV elements one sequence of `seq_len` tokens keeps on this device."""
-        elements = seq_len * self.growing
+    def kv_bits(self, seq_len: int) -> int:
+        """KV-cache bits one sequence of `seq_len` tokens keeps on this device."""
+        bits = seq_len * self.growing
         for window, per_token in self.capped:
-            elements += min(seq_len, window) * per_token
-        return elements
+            bits += min(seq_len, window) * per_token
+        return bits
 
 
 class ServingModel:
@@ -235,7 +236,6 @@ class ServingModel:
         self.groups = groups if groups is not None else weight_groups(spec)
         tensor_parallel = self.placement.tensor_parallel
         self.widest = -(-widest_elements(spec) // tensor_parallel)
-        self.kv_bits = KV_DTYPE_BITS[self.kv_dtype]
         stages = self.placement.stages(spec)
         self.stages = tuple(
             self._stage(index, stage, index == 0, index == len(stages) - 1)
@@ -261,12 +261,12 @@ class ServingModel:
                 if layer.layer_index not in stage:
                     continue
                 numerator, denominator = cross_share if layer.kind == "cross" else self_share
-                elements = layer.key_elements_per_token + layer.value_elements_per_token
-                elements = elements * numerator // denominator
+                bits = layer.bits_per_token(self.kv_dtype, self.compute_dtype)
+                bits = bits * numerator // denominator
                 if layer.kind == "sliding" and layer.cached_tokens < SEARCH_LIMIT:
-                    capped[layer.cached_tokens] = capped.get(layer.cached_tokens, 0) + elements
+                    capped[layer.cached_tokens] = capped.get(layer.cached_tokens, 0) + bits
                 else:
-                    growing += elements
+                    growing += bits
         recurrent = 0
         if spec.mamba is not None:
             mamba_layers = sum(1 for i in stage if spec.layer_kinds[i] == "none")
@@ -290,7 +290,7 @@ class ServingModel:
         return workspace
 
     def kv_bytes(self, stage: StageLayout, batch: int, seq_len: int) -> int:
-        return -(-batch * stage.kv_elements(seq_len) * self.kv_bits // 8)
+        return -(-batch * stage.kv_bits(seq_len) // 8)
 
     def stage_bytes(self, stage: StageLayout, batch: int, seq_len: int) -> int:
         return (

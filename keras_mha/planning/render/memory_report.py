@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from keras_mha import moved_paths
+from keras_mha.planning.kv_formats import kv_format
 from keras_mha.planning.render.formatting import (
     format_bandwidth,
     format_bytes,
@@ -153,6 +154,12 @@ def _fits_notes(fits: dict) -> list[str]:
         notes.append(
             "unbounded by memory: the KV cache stops growing (every attention layer has a "
             "sliding window), so memory never limits the context"
+        )
+    plan_only = [dtype for dtype in fits["by_kv_dtype"] if kv_format(dtype).runtime_dtype is None]
+    if plan_only:
+        notes.append(
+            f"{_either(plan_only)} KV: plan only, keras-mha's runtime cannot store it; int8 "
+            "and float8 KV carry a scale per token and KV head (counted)"
         )
     return notes
 

@@ -1,0 +1,85 @@
+"""Which layers of a whole model `quantize` reaches: the blocks' matrices, as the planner counts.
+
+`DecoderModel.quantize(mode)` and `EncoderModel.quantize(mode)` are Keras's
+`Model.quantize` with a default `filters`: the attention layers and the MLP's Dense
+layers of every block (`QUANTIZED_LAYERS`). Embeddings, the LM head and the norms stay
+in the model's float dtype, which is what the planner's generic `int8` / `int4` formats
+count (`keras_mha.planning.planner.quantization.BLOCK_ROLES`: the block matrices, the LM
+head and embeddings left alone). Norms have no quantized form, so no layer warns.
+Pass `filters=` to choose other layers (Keras's regex or callable).
+
+`from_pretrained(..., quantize=mode)` quantizes the same layers while it loads: each
+layer as soon as its last tensor is in (`quantizes_on_load`).
+
+Example:
+    >>> [name for name in QUANTIZED_LAYERS][:2]
+    ['attention', 'gate_proj']
+"""
+
+from __future__ import annotations
+
+from keras_mha.errors import UsageError
+
+#: Layer names, inside a block, whose weights `quantize` quantizes by default.
+QUANTIZED_LAYERS = (
+    "attention",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "intermediate",
+    "output_dense",
+)
+#: The modes `from_pretrained(quantize=...)` and `bench model --quantize` take: those that
+#: need no calibration data (GPTQ and AWQ need it: `model.quantize("gptq", config=...)`).
+LOAD_MODES = ("int8", "int4", "float8")
+
+
+def is_quantized_by_default(layer) -> bool:
+    """Whether `model.quantize(mode)` quantizes `layer` when no `filters` are given.
+
+    Example:
+        >>> import keras
+        >>> is_quantized_by_default(keras.layers.Dense(2, name="lm_head"))
+        False
+    """
+    return layer.name in QUANTIZED_LAYERS
+
+
+def check_mode(mode, argument="quantize"):
+    """`mode` if it is None or one of `LOAD_MODES`, else a one-line `UsageError`.
+
+    Example:
+        >>> check_mode("int8")
+        'int8'
+    """
+    if mode is None or mode in LOAD_MODES:
+        return mode
+    hint = (
+        "; GPTQ and AWQ need calibration data: call model.quantize(mode, config=...)"
+        if mode in ("gptq", "awq")
+        else ""
+    )
+    raise UsageError(
+        f"{argument}={mode!r}; expected one of {list(LOAD_MODES)} or None{hint}",
+        key=argument,
+        value=mode,
+    )
+
+
+class QuantizeBlocks:
+    """Mixin of the models: `quantize` defaults to the blocks' matrices (see above)."""
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """Keras's `Model.quantize`; `filters=None` means the blocks' attention and MLP."""
+        if filters is None:
+            filters = is_quantized_by_default
+        return super().quantize(mode, config=config, filters=filters, **kwargs)
+
+
+__all__ = [
+    "LOAD_MODES",
+    "QUANTIZED_LAYERS",
+    "QuantizeBlocks",
+    "check_mode",
+    "is_quantized_by_default",
+]

@@ -1,0 +1,136 @@
+"""Quantized whole models: `from_pretrained(quantize=)`, `model.quantize`, `.keras`, generation.
+
+References: the same checkpoint loaded in float and quantized by Keras's `Model.quantize`
+afterwards; transformers-free here (tests/models/test_parity.py ties the float model to
+transformers). MiniLM's int8 embeddings are compared with its float ones on real text.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_mha.errors import ExportError, UsageError
+from keras_mha.models import from_pretrained, generate, save_pretrained
+from tests.cards.test_rebuild_minilm import SENTENCES, minilm_directory
+from tests.models.test_minilm import sentence_embeddings
+from tests.models_checkpoints import checkpoint
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return checkpoint(tmp_path_factory, "llama")
+
+
+def _inputs(made):
+    return {"token_ids": made.token_ids.astype("int32"), "padding_mask": made.padding_mask}
+
+
+def test_quantize_while_loading_equals_quantize_after(llama, tmp_path):
+    after = from_pretrained(llama.directory)
+    after.quantize("int8")
+    during = from_pretrained(llama.directory, quantize="int8")
+    expected = ops.convert_to_numpy(after(_inputs(llama)))
+    np.testing.assert_array_equal(ops.convert_to_numpy(during(_inputs(llama))), expected)
+    block = during.blocks[0]
+    assert block.attention.quantization_mode == block.down_proj.quantization_mode == "int8"
+    # The planner's generic formats: embeddings, LM head and norms stay in float.
+    assert during.token_embedding.quantization_mode is None
+    assert during.lm_head.quantization_mode is None
+    path = os.path.join(tmp_path, "int8.keras")
+    during.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(ops.convert_to_numpy(loaded(_inputs(llama))), expected)
+
+
+def test_half_quantized_model_loads_back(llama, tmp_path):
+    # The 0.3 failure: quantized MLPs, float attention -> "Layer 'down_proj' expected 1
+    # variables" on load. Quantized embeddings and LM head (Keras's own choice) too.
+    model = from_pretrained(llama.directory)
+    model.quantize("int8", filters=["proj", "embedding", "lm_head"])
+    assert model.blocks[0].attention.quantization_mode is None
+    assert model.token_embedding.quantization_mode == "int8"
+    path = os.path.join(tmp_path, "half.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(loaded(_inputs(llama))), ops.convert_to_numpy(model(_inputs(llama)))
+    )
+
+
+def test_quantized_generate_is_its_own_greedy_argmax(llama):
+    model = from_pretrained(llama.directory, quantize="int8")
+    prompt = llama.token_ids[:1, :5].astype("int32")
+    tokens = generate(model, prompt, 4)
+    logits = ops.convert_to_numpy(model(tokens[:, :-1]))
+    np.testing.assert_array_equal(tokens[0, 5:], logits[0, 4:].argmax(-1))
+
+
+def test_quantized_models_are_refused_where_float_weights_are_needed(llama, tmp_path):
+    model = from_pretrained(llama.directory, quantize="int8")
+    with pytest.raises(ExportError, match=r"quantized \(int8\)"):
+        save_pretrained(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UsageError, match="GPTQ and AWQ need calibration data"):
+        from_pretrained(llama.directory, quantize="gptq")
+
+
+def test_minilm_int8_embeddings_keep_cosine_to_float():
+    transformers = pytest.importorskip("transformers")
+    directory = minilm_directory()
+    batch = transformers.AutoTokenizer.from_pretrained(directory)(
+        SENTENCES, padding=True, return_tensors="np"
+    )
+    inputs = {
+        "token_ids": batch["input_ids"].astype("int32"),
+        "padding_mask": batch["attention_mask"],
+    }
+    mask = batch["attention_mask"]
+
+    def embeddings(model):
+        return sentence_embeddings(ops.convert_to_numpy(model(inputs)), mask)
+
+    float_embeddings = embeddings(from_pretrained(directory))
+    int8_embeddings = embeddings(from_pretrained(directory, quantize="int8"))
+    cosine = (float_embeddings * int8_embeddings).sum(-1)  # both L2-normalised
+    assert cosine.min() >= 0.99
+    assert cosine.min() < 1 - 1e-6  # the weights were quantized
+
+
+@pytest.mark.parametrize("method", ["fp8", "gptq"])
+def test_quantized_checkpoints_are_refused_in_one_line(llama, tmp_path, method):
+    import json
+    import shutil
+
+    from keras_mha.errors import UnsupportedModelError
+
+    folder = tmp_path / method
+    shutil.copytree(llama.directory, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": method, "weight_block_size": [128, 128]}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=f"quant_method='{method}'") as error:
+        from_pretrained(folder)
+    assert "\n" not in str(error.value)
+
+
+def test_int8_minilm_variable_bytes_match_the_plan():
+    # The planner's generic int8 keeps everything but the block matrices in bfloat16.
+    import json
+
+    import ml_dtypes
+
+    import keras_mha
+
+    directory = minilm_directory()
+    config = json.loads((directory / "config.json").read_text())
+    planned = keras_mha.plan(config, weights_dtype="int8").to_dict()["memory"]["weights_bytes"]
+    model = from_pretrained(directory, dtype="bfloat16", quantize="int8")
+    itemsize = {"bfloat16": ml_dtypes.bfloat16}
+    actual = sum(
+        int(np.prod(v.shape)) * np.dtype(itemsize.get(str(v.dtype), str(v.dtype))).itemsize
+        for v in model.variables
+    )
+    assert abs(actual / planned["int8"] - 1) < 0.02
