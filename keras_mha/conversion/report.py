@@ -68,11 +68,12 @@ def kv_cache_figures(config, num_key_value_heads, *, kv_dtype):
     from keras_mha.planning.spec import from_config
 
     before = from_config(config)
-    heads = before.num_attention_heads
+    heads = before.attention.num_attention_heads
     kind = "MHA" if num_key_value_heads == heads else "MQA" if num_key_value_heads == 1 else "GQA"
-    after = dataclasses.replace(
-        before, num_key_value_heads=int(num_key_value_heads), attention_kind=kind
+    attention = dataclasses.replace(
+        before.attention, num_key_value_heads=int(num_key_value_heads), attention_kind=kind
     )
+    after = dataclasses.replace(before, attention=attention)
     entry = {"dtype": kv_dtype, "describes": "keras_model"}
     for when, spec in (("before", before), ("after", after)):
         context = context_length(spec) or default_seq_len(spec)

@@ -383,7 +383,7 @@ def _check_length(model, shape, max_new_tokens):
     if spec is None:
         return
     batch, length = shape
-    positions = spec.max_position_embeddings
+    positions = spec.positions.max_position_embeddings
     if positions is not None and length >= positions:
         raise UsageError(
             f"token_ids has {length} positions; this model has max_position_embeddings="

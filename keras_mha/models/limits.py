@@ -60,7 +60,7 @@ def max_positions(model) -> int | None:
         True
     """
     spec = model_spec(model)
-    positions = getattr(spec, "max_position_embeddings", None)
+    positions = getattr(getattr(spec, "positions", None), "max_position_embeddings", None)
     if positions is None:
         positions = getattr(model, "max_position_embeddings", None)
     return None if positions is None else int(positions)

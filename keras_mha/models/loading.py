@@ -74,7 +74,9 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
 
     traits = built_family(spec).blocks
     activation = activation_name(spec, traits)
-    epsilon = spec.norm_eps if spec.norm_eps is not None else traits.default_norm_epsilon
+    epsilon = (
+        spec.norms.norm_eps if spec.norms.norm_eps is not None else traits.default_norm_epsilon
+    )
     zeros = initializer == "zeros"
     kernel = "zeros" if zeros else "glorot_uniform"
     common = {"dtype": dtype}
@@ -89,25 +91,25 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         if traits.kind == "decoder":
             block = DecoderBlock(
                 spec.hidden_size,
-                spec.intermediate_size,
+                spec.mlp.intermediate_size,
                 attention,
                 activation=activation,
                 norm_epsilon=epsilon,
                 norm_scale_offset=traits.norm_scale_offset,
                 sandwich_norms=traits.sandwich_norms,
-                mlp_bias=spec.mlp_bias,
+                mlp_bias=spec.mlp.mlp_bias,
                 kernel_initializer=kernel,
-                norm_type=spec.norm_type,
-                norm_bias=spec.norm_bias,
-                mlp_kind=spec.mlp_kind,
-                parallel_residual=spec.parallel_residual,
+                norm_type=spec.norms.norm_type,
+                norm_bias=spec.norms.norm_bias,
+                mlp_kind=spec.mlp.mlp_kind,
+                parallel_residual=spec.norms.parallel_residual,
                 name=f"block_{index}",
                 **common,
             )
         else:
             block = EncoderBlock(
                 spec.hidden_size,
-                spec.intermediate_size,
+                spec.mlp.intermediate_size,
                 attention,
                 activation=activation,
                 norm_epsilon=epsilon,
@@ -131,12 +133,12 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
             norm_epsilon=epsilon,
             norm_scale_offset=traits.norm_scale_offset,
             embedding_scale=traits.embedding_scale,
-            final_logit_soft_cap=spec.final_logit_softcapping,
+            final_logit_soft_cap=spec.attention.final_logit_softcapping,
             kernel_initializer=kernel,
-            norm_type=spec.norm_type,
-            norm_bias=spec.norm_bias,
-            max_position_embeddings=spec.learned_position_rows
-            if spec.position_embedding == "learned"
+            norm_type=spec.norms.norm_type,
+            norm_bias=spec.norms.norm_bias,
+            max_position_embeddings=spec.positions.learned_position_rows
+            if spec.positions.position_embedding == "learned"
             else None,
             **identity,
             **common,
@@ -145,10 +147,10 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         spec.vocab_size,
         spec.hidden_size,
         blocks,
-        max_position_embeddings=spec.learned_position_rows,
-        type_vocab_size=max(spec.token_type_vocab_size, 1),
+        max_position_embeddings=spec.positions.learned_position_rows,
+        type_vocab_size=max(spec.positions.token_type_vocab_size, 1),
         norm_epsilon=epsilon,
-        position_padding_idx=spec.position_padding_idx,
+        position_padding_idx=spec.positions.position_padding_idx,
         **identity,
         **common,
     )

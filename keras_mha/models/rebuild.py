@@ -50,40 +50,41 @@ def _where(spec: ModelSpec, layer_index: int, attention: str) -> str:
 def _check_representable(spec: ModelSpec, layer_index: int, attention: str) -> None:
     """Raise UnsupportedModelError for what `GroupedQueryAttention` cannot compute."""
     where = _where(spec, layer_index, attention)
-    if spec.kv_lora_rank:
+    att = spec.attention
+    if att.kv_lora_rank:
         raise UnsupportedModelError(
-            f"{where} is multi-head latent attention (MLA: kv_lora_rank={spec.kv_lora_rank}, "
-            f"q_lora_rank={spec.q_lora_rank}, qk_rope_head_dim={spec.qk_rope_head_dim}); "
+            f"{where} is multi-head latent attention (MLA: kv_lora_rank={att.kv_lora_rank}, "
+            f"q_lora_rank={att.q_lora_rank}, qk_rope_head_dim={att.qk_rope_head_dim}); "
             f"keras-mha layers project keys and values per head and cannot represent it"
         )
-    if spec.position_embedding == "relative":
+    if spec.positions.position_embedding == "relative":
         raise UnsupportedModelError(
             f"{where} adds a relative position bias (relative_attention_num_buckets="
-            f"{spec.relative_attention_num_buckets}), which keras-mha layers do not compute"
+            f"{att.relative_attention_num_buckets}), which keras-mha layers do not compute"
         )
-    if spec.position_embedding == "alibi":
+    if spec.positions.position_embedding == "alibi":
         raise UnsupportedModelError(
             f"{where} uses ALiBi position biases (alibi=true), which keras-mha layers do "
             f"not compute"
         )
-    if spec.qkv_clip is not None:
+    if att.qkv_clip is not None:
         raise UnsupportedModelError(
-            f"{where} clips q, k and v to +-{spec.qkv_clip} (attn_config.clip_qkv), which "
+            f"{where} clips q, k and v to +-{att.qkv_clip} (attn_config.clip_qkv), which "
             f"keras-mha layers do not do"
         )
-    if spec.qk_norm not in (None, "rms"):
+    if att.qk_norm not in (None, "rms"):
         raise UnsupportedModelError(
-            f"{where} normalises queries and keys with qk_norm={spec.qk_norm!r}; keras-mha "
+            f"{where} normalises queries and keys with qk_norm={att.qk_norm!r}; keras-mha "
             f"layers have an RMS q/k norm only"
         )
-    if spec.value_head_dim != spec.head_dim:
+    if att.value_head_dim != att.head_dim:
         raise UnsupportedModelError(
-            f"{where} has value heads of {spec.value_head_dim} features and key heads of "
-            f"{spec.head_dim}; keras-mha layers use one head_dim for both"
+            f"{where} has value heads of {att.value_head_dim} features and key heads of "
+            f"{att.head_dim}; keras-mha layers use one head_dim for both"
         )
-    if not spec.q_bias == spec.k_bias == spec.v_bias:
+    if not att.q_bias == att.k_bias == att.v_bias:
         raise UnsupportedModelError(
-            f"{where} has q_bias={spec.q_bias}, k_bias={spec.k_bias}, v_bias={spec.v_bias}; "
+            f"{where} has q_bias={att.q_bias}, k_bias={att.k_bias}, v_bias={att.v_bias}; "
             f"keras-mha layers have one use_bias for the three projections"
         )
 
@@ -157,14 +158,14 @@ def attention_layer_arguments(
         # Range and "holds no attention" checks, with the model's own message.
         layer = spec.attention_layer(layer_index)
     elif attention == "encoder":
-        _check_index("layer_index", layer_index, spec.num_encoder_layers, spec)
+        _check_index("layer_index", layer_index, spec.encoder.num_encoder_layers, spec)
     else:
         _check_index("layer_index", layer_index, spec.num_hidden_layers, spec)
     _check_representable(spec, layer_index, attention)
 
     common = {
-        "use_bias": spec.q_bias,
-        "use_output_bias": spec.o_bias,
+        "use_bias": spec.attention.q_bias,
+        "use_output_bias": spec.attention.o_bias,
         "output_dim": spec.hidden_size,
         "use_qk_norm": False,
         "qk_norm_epsilon": 1e-6,
@@ -178,8 +179,14 @@ def attention_layer_arguments(
     if attention in ("encoder", "cross"):
         # Only BART-like encoder-decoders get here (T5's relative bias raised above):
         # plain MHA scaled by 1/sqrt(head size), positions added to the embeddings.
-        heads = spec.encoder_attention_heads if attention == "encoder" else spec.num_attention_heads
-        head_dim = spec.encoder_head_dim if attention == "encoder" else spec.head_dim
+        heads = (
+            spec.encoder.encoder_attention_heads
+            if attention == "encoder"
+            else spec.attention.num_attention_heads
+        )
+        head_dim = (
+            spec.encoder.encoder_head_dim if attention == "encoder" else spec.attention.head_dim
+        )
         return {
             **common,
             "num_heads": heads,

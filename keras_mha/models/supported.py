@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from keras_mha.errors import UnsupportedModelError
 from keras_mha.families import Blocks, Family, family_for, unique_families
+from keras_mha.planning.spec import RECORD_OF_FIELD
 
 # Hugging Face activation names -> (keras activation, keyword arguments).
 ACTIVATIONS = {
@@ -73,11 +74,11 @@ def built_family(spec) -> Family:
             value=spec.model_type,
         )
     where = f"model_type={spec.model_type!r}"
-    if spec.num_experts or any(spec.moe_layers):
+    if spec.mlp.num_experts or any(spec.mlp.moe_layers):
         raise UnsupportedModelError(f"{where}: a mixture-of-experts MLP is not supported")
     kind = family.blocks.kind
     for name, supported in BUILT_FEATURES[kind].items():
-        value = getattr(spec, name)
+        value = getattr(getattr(spec, RECORD_OF_FIELD[name]), name)
         if value not in supported:
             raise UnsupportedModelError(
                 f"{where}: keras_mha.models builds {kind}s with {name} in "
@@ -99,7 +100,7 @@ def built_family(spec) -> Family:
 
 def activation_name(spec, blocks: Blocks) -> str:
     """The config's Hugging Face activation name, checked against `ACTIVATIONS`."""
-    name = spec.hidden_act or blocks.default_activation
+    name = spec.mlp.hidden_act or blocks.default_activation
     if name not in ACTIVATIONS:
         raise UnsupportedModelError(
             f"model_type={spec.model_type!r}: hidden_act={name!r} is not supported; "

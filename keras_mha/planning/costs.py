@@ -218,9 +218,9 @@ def _linear(in_features: int, out_features: int, bias: bool) -> int:
 
 def _norm(spec: ModelSpec, size: int) -> int:
     """Parameters of one residual norm of width `size`."""
-    if not spec.norm_affine:
+    if not spec.norms.norm_affine:
         return 0
-    if spec.norm_type == "layer" and spec.norm_bias:
+    if spec.norms.norm_type == "layer" and spec.norms.norm_bias:
         return 2 * size
     return size
 
@@ -235,31 +235,44 @@ def _qk_norm(kind: str | None, head_dim: int) -> int:
 
 def _self_attention(spec: ModelSpec) -> int:
     """One decoder (or decoder-only) attention block."""
-    hidden, heads = spec.hidden_size, spec.num_attention_heads
-    if spec.kv_lora_rank:
+    hidden, heads = spec.hidden_size, spec.attention.num_attention_heads
+    if spec.attention.kv_lora_rank:
         return _mla_attention(spec)
-    count = _linear(hidden, heads * spec.head_dim, spec.q_bias)
-    count += _linear(hidden, spec.num_key_value_heads * spec.head_dim, spec.k_bias)
-    count += _linear(hidden, spec.num_key_value_heads * spec.value_head_dim, spec.v_bias)
-    count += _linear(heads * spec.value_head_dim, hidden, spec.o_bias)
-    return count + _qk_norm(spec.qk_norm, spec.head_dim)
+    count = _linear(hidden, heads * spec.attention.head_dim, spec.attention.q_bias)
+    count += _linear(
+        hidden, spec.attention.num_key_value_heads * spec.attention.head_dim, spec.attention.k_bias
+    )
+    count += _linear(
+        hidden,
+        spec.attention.num_key_value_heads * spec.attention.value_head_dim,
+        spec.attention.v_bias,
+    )
+    count += _linear(heads * spec.attention.value_head_dim, hidden, spec.attention.o_bias)
+    return count + _qk_norm(spec.attention.qk_norm, spec.attention.head_dim)
 
 
 def _mla_attention(spec: ModelSpec) -> int:
     """DeepSeek's MLA: low-rank query (optional), compressed KV with a shared rope key."""
-    hidden, heads = spec.hidden_size, spec.num_attention_heads
-    qk_head_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-    if spec.q_lora_rank:
-        query = _linear(hidden, spec.q_lora_rank, spec.q_bias) + spec.q_lora_rank
-        query += _linear(spec.q_lora_rank, heads * qk_head_dim, False)
+    hidden, heads = spec.hidden_size, spec.attention.num_attention_heads
+    qk_head_dim = spec.attention.qk_nope_head_dim + spec.attention.qk_rope_head_dim
+    if spec.attention.q_lora_rank:
+        query = (
+            _linear(hidden, spec.attention.q_lora_rank, spec.attention.q_bias)
+            + spec.attention.q_lora_rank
+        )
+        query += _linear(spec.attention.q_lora_rank, heads * qk_head_dim, False)
     else:
         query = _linear(hidden, heads * qk_head_dim, False)
-    key_value = _linear(hidden, spec.kv_lora_rank + spec.qk_rope_head_dim, spec.k_bias)
-    key_value += spec.kv_lora_rank  # kv_a_layernorm
-    key_value += _linear(
-        spec.kv_lora_rank, heads * (spec.qk_nope_head_dim + spec.value_head_dim), False
+    key_value = _linear(
+        hidden, spec.attention.kv_lora_rank + spec.attention.qk_rope_head_dim, spec.attention.k_bias
     )
-    output = _linear(heads * spec.value_head_dim, hidden, spec.o_bias)
+    key_value += spec.attention.kv_lora_rank  # kv_a_layernorm
+    key_value += _linear(
+        spec.attention.kv_lora_rank,
+        heads * (spec.attention.qk_nope_head_dim + spec.attention.value_head_dim),
+        False,
+    )
+    output = _linear(heads * spec.attention.value_head_dim, hidden, spec.attention.o_bias)
     return query + key_value + output
 
 
@@ -277,15 +290,15 @@ def _mlp(hidden: int, inner: int, kind: str, bias: bool) -> int:
 
 def _expert(spec: ModelSpec) -> int:
     """One routed expert: a gated MLP of `moe_intermediate_size` without biases."""
-    return 3 * spec.hidden_size * spec.moe_intermediate_size
+    return 3 * spec.hidden_size * spec.mlp.moe_intermediate_size
 
 
 def _moe_block(spec: ModelSpec) -> int:
-    count = spec.num_experts * spec.hidden_size  # router, no bias
-    count += spec.num_experts * _expert(spec)
-    if spec.num_shared_experts:
+    count = spec.mlp.num_experts * spec.hidden_size  # router, no bias
+    count += spec.mlp.num_experts * _expert(spec)
+    if spec.mlp.num_shared_experts:
         count += _mlp(
-            spec.hidden_size, spec.shared_expert_intermediate_size, "gated", spec.mlp_bias
+            spec.hidden_size, spec.mlp.shared_expert_intermediate_size, "gated", spec.mlp.mlp_bias
         )
     return count
 
@@ -351,44 +364,56 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
         (124439808, 28348416)
     """
     hidden = spec.hidden_size
-    embedding_width = spec.word_embed_proj_dim or hidden
+    embedding_width = spec.norms.word_embed_proj_dim or hidden
     attention = mlp = norms = other = 0
 
     embeddings = spec.vocab_size * embedding_width
-    embeddings += spec.learned_position_tables * spec.learned_position_rows * hidden
-    embeddings += spec.token_type_vocab_size * hidden
+    embeddings += (
+        spec.positions.learned_position_tables * spec.positions.learned_position_rows * hidden
+    )
+    embeddings += spec.positions.token_type_vocab_size * hidden
     if embedding_width != hidden:
         embeddings += 2 * hidden * embedding_width  # OPT's project_in and project_out
 
     # Decoder (or only) stack: layers counted by kind, never enumerated one by one.
     num_layers = spec.num_hidden_layers
     mixer_layers = num_layers - spec.num_layers
-    moe_layers = sum(spec.moe_layers)
+    moe_layers = sum(spec.mlp.moe_layers)
     attention += spec.num_layers * _self_attention(spec)
     other += mixer_layers * _mamba_mixer(spec) if spec.mamba else 0
     mlp += (num_layers - moe_layers) * _mlp(
-        hidden, spec.intermediate_size, spec.mlp_kind, spec.mlp_bias
+        hidden, spec.mlp.intermediate_size, spec.mlp.mlp_kind, spec.mlp.mlp_bias
     )
     mlp += moe_layers * _moe_block(spec) if moe_layers else 0
-    norms += (num_layers * spec.norms_per_layer + spec.final_norms + spec.embedding_norms) * _norm(
-        spec, hidden
-    )
+    norms += (
+        num_layers * spec.norms.norms_per_layer
+        + spec.norms.final_norms
+        + spec.norms.embedding_norms
+    ) * _norm(spec, hidden)
 
     if spec.is_encoder_decoder:
-        bias = spec.q_bias
-        cross = _plain_attention(hidden, spec.num_attention_heads, spec.head_dim, bias)
+        bias = spec.attention.q_bias
+        cross = _plain_attention(
+            hidden, spec.attention.num_attention_heads, spec.attention.head_dim, bias
+        )
         attention += spec.num_hidden_layers * cross
         encoder_attention = _plain_attention(
-            hidden, spec.encoder_attention_heads, spec.encoder_head_dim, bias
+            hidden, spec.encoder.encoder_attention_heads, spec.encoder.encoder_head_dim, bias
         )
-        attention += spec.num_encoder_layers * encoder_attention
-        encoder_mlp = _mlp(hidden, spec.encoder_intermediate_size, spec.mlp_kind, spec.mlp_bias)
-        mlp += spec.num_encoder_layers * encoder_mlp
-        norms += spec.num_encoder_layers * spec.encoder_norms_per_layer * _norm(spec, hidden)
-        if spec.relative_attention_num_buckets:
+        attention += spec.encoder.num_encoder_layers * encoder_attention
+        encoder_mlp = _mlp(
+            hidden, spec.encoder.encoder_intermediate_size, spec.mlp.mlp_kind, spec.mlp.mlp_bias
+        )
+        mlp += spec.encoder.num_encoder_layers * encoder_mlp
+        norms += (
+            spec.encoder.num_encoder_layers
+            * spec.encoder.encoder_norms_per_layer
+            * _norm(spec, hidden)
+        )
+        if spec.attention.relative_attention_num_buckets:
             # T5: the first layer of each stack holds a (buckets, heads) bias table.
-            attention += spec.relative_attention_num_buckets * (
-                spec.num_attention_heads + spec.encoder_attention_heads
+            attention += spec.attention.relative_attention_num_buckets * (
+                spec.attention.num_attention_heads + spec.encoder.encoder_attention_heads
             )
 
     lm_head = 0
@@ -411,7 +436,7 @@ def parameter_counts(spec: ModelSpec) -> ParameterCounts:
     active = None
     if moe_layers:
         # The spec guarantees num_experts_per_tok <= num_experts, so active <= total.
-        unused_experts = spec.num_experts - spec.num_experts_per_tok
+        unused_experts = spec.mlp.num_experts - spec.mlp.num_experts_per_tok
         active = total - moe_layers * unused_experts * _expert(spec)
     return ParameterCounts(
         total=total,
@@ -493,35 +518,41 @@ def kv_cache_cost(
     fmt = kv_format(kv_dtype)
     bits = fmt.bits
     scale_bits = fmt.scale_bits(compute_dtype)
-    heads = spec.num_attention_heads
+    heads = spec.attention.num_attention_heads
 
     if not spec.is_decoder:
         note = f"encoder-only {spec.model_type} model: bidirectional, so no KV cache is kept"
         return KVCacheCost(kv_dtype, batch, seq_len, None, 0, 0, 0, 0, "kv", False, note, ())
 
-    if spec.kv_lora_rank and mla_cache == "latent":
+    if spec.attention.kv_lora_rank and mla_cache == "latent":
         cache_format = "mla_latent"
-        key_elements, value_elements = spec.kv_lora_rank + spec.qk_rope_head_dim, 0
+        key_elements, value_elements = (
+            spec.attention.kv_lora_rank + spec.attention.qk_rope_head_dim,
+            0,
+        )
         rows = 1
-    elif spec.kv_lora_rank:
+    elif spec.attention.kv_lora_rank:
         cache_format = "mla_expanded"
-        key_elements, value_elements = heads * spec.head_dim, heads * spec.value_head_dim
+        key_elements, value_elements = (
+            heads * spec.attention.head_dim,
+            heads * spec.attention.value_head_dim,
+        )
         rows = 2 * heads
     else:
         cache_format = "kv"
-        key_elements = spec.num_key_value_heads * spec.head_dim
-        value_elements = spec.num_key_value_heads * spec.value_head_dim
-        rows = 2 * spec.num_key_value_heads
-    mha_elements = heads * (spec.head_dim + spec.value_head_dim)
+        key_elements = spec.attention.num_key_value_heads * spec.attention.head_dim
+        value_elements = spec.attention.num_key_value_heads * spec.attention.value_head_dim
+        rows = 2 * spec.attention.num_key_value_heads
+    mha_elements = heads * (spec.attention.head_dim + spec.attention.value_head_dim)
 
     # Totals by arithmetic over the layer counts (the per-layer detail below is only listed).
     counts = spec.layer_kind_counts()
     full, sliding = counts["full"], counts["sliding"]
-    window_tokens = min(seq_len, spec.sliding_window) if sliding else 0
+    window_tokens = min(seq_len, spec.attention.sliding_window) if sliding else 0
     # Bits per token: the elements, plus one scale per row for the quantized dtypes.
     per_layer_token = (key_elements + value_elements) * bits + rows * scale_bits
     cross_layers = spec.num_hidden_layers if spec.is_encoder_decoder else 0
-    cross_elements = heads * spec.head_dim
+    cross_elements = heads * spec.attention.head_dim
     cross_per_token = cross_layers * (2 * cross_elements * bits + 2 * heads * scale_bits)
     cache_bits = per_layer_token * (full * seq_len + sliding * window_tokens)
     cache_bits += cross_per_token * (encoder_seq_len or 0)
@@ -545,7 +576,7 @@ def kv_cache_cost(
 
     notes = []
     if sliding:
-        notes.append(f"sliding-window layers hold at most {spec.sliding_window} tokens")
+        notes.append(f"sliding-window layers hold at most {spec.attention.sliding_window} tokens")
     if cache_format == "mla_latent":
         notes.append(
             "MLA caches its latent (kv_lora_rank + qk_rope_head_dim per token and layer), "

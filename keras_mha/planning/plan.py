@@ -71,10 +71,11 @@ def context_length(spec) -> int | None:
         >>> context_length(SimpleNamespace(raw={"max_position_embeddings": 4096}))
         4096
     """
-    explicit = getattr(spec, "max_position_embeddings", None)
+    positions = getattr(spec, "positions", None)
+    explicit = getattr(positions, "max_position_embeddings", None)
     if isinstance(explicit, int) and explicit > 0:
         # RoBERTa's position table also holds the rows up to its padding index.
-        padding = getattr(spec, "position_padding_idx", None)
+        padding = getattr(positions, "position_padding_idx", None)
         return explicit if padding is None else explicit - padding - 1
     raw = getattr(spec, "raw", None) or {}
     for config in (raw, raw.get("text_config") or {}, raw.get("llm_config") or {}):
@@ -374,10 +375,10 @@ class Plan:
             "attention": {
                 "kind": spec.attention_kind,
                 "num_layers": spec.num_layers,
-                "num_attention_heads": spec.num_attention_heads,
-                "num_key_value_heads": spec.num_key_value_heads,
-                "head_dim": spec.head_dim,
-                "sliding_window": spec.sliding_window,
+                "num_attention_heads": spec.attention.num_attention_heads,
+                "num_key_value_heads": spec.attention.num_key_value_heads,
+                "head_dim": spec.attention.head_dim,
+                "sliding_window": spec.attention.sliding_window,
                 "layer_kinds": {kind: int(kind_counts.get(kind, 0)) for kind in LAYER_KINDS},
                 "num_hidden_layers": spec.num_hidden_layers,
                 "hidden_size": spec.hidden_size,

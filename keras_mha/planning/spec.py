@@ -30,7 +30,7 @@ Example:
     ...     "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
     ...     "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256,
     ... })
-    >>> spec.attention_kind, spec.head_dim, spec.layer_kind_counts()
+    >>> spec.attention_kind, spec.attention.head_dim, spec.layer_kind_counts()
     ('GQA', 128, {'full': 32, 'sliding': 0, 'none': 0})
 """
 
@@ -39,6 +39,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 
 from keras_mha.errors import ConfigError
 from keras_mha.families import (
@@ -163,64 +164,32 @@ class AttentionLayerSpec:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """A Hub model described with one vocabulary for every family.
+class AttentionSpec:
+    """The attention layers of the language model: heads, sizes, biases, scales, caps, MLA ranks.
 
-    The first fields are the stable public ones (the README's JSON contract); the rest give the
-    cost model and the layer rebuilder the detail they need.
+    For MLA, `num_key_value_heads` equals the query heads (the heads the latent is expanded
+    into) and `head_dim` is the query/key head size (`qk_nope_head_dim + qk_rope_head_dim`);
+    `value_head_dim` is `v_head_dim`.
 
     Attributes:
-        model_type: `model_type` of the config (the wrapper's for multimodal configs).
-        architecture: `architectures[0]`, or None when the config names none.
         attention_kind: "MHA", "GQA", "MQA" or "MLA".
-        num_layers: layers that hold attention (decoder stack of an encoder-decoder).
-        num_hidden_layers: all layers of that stack, with and without attention.
-        num_attention_heads, num_key_value_heads, head_dim: of the attention layers.
-            For MLA, `num_key_value_heads` equals the query heads (the heads the latent
-            is expanded into) and `head_dim` is the query/key head size
-            (`qk_nope_head_dim + qk_rope_head_dim`); `value_head_dim` is `v_head_dim`.
-        hidden_size, vocab_size: of the language model.
         sliding_window: the window of the sliding layers, None when there are none.
         layer_kinds: one of "full", "sliding", "none" per layer of the stack.
-        is_encoder_decoder: T5, BART, ...; the encoder is described by `num_encoder_layers`,
-            `encoder_attention_heads` and `encoder_intermediate_size`.
-        warnings: what the reader had to guess or could not use.
-        raw: the config exactly as given.
+        inverse_layer_scale: GPT-2's `scale_attn_by_inverse_layer_idx`.
 
     Example:
-        >>> spec = from_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-        ...     "n_embd": 768, "n_head": 12, "n_layer": 12, "vocab_size": 50257})
-        >>> spec.num_layers, spec.attention_kind, spec.position_embedding
-        (12, 'MHA', 'learned')
+        >>> spec = from_config({"model_type": "gpt2", "n_embd": 768, "n_head": 12,
+        ...     "n_layer": 12, "vocab_size": 50257})
+        >>> spec.attention.attention_kind, spec.attention.head_dim
+        ('MHA', 64)
     """
 
-    model_type: str
-    architecture: str | None
     attention_kind: str
-    num_layers: int
-    num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    hidden_size: int
-    vocab_size: int
     sliding_window: int | None
     layer_kinds: tuple[str, ...]
-    is_encoder_decoder: bool
-    warnings: tuple[str, ...]
-    raw: dict = field(compare=False, repr=False)
-
-    # -- identity and head ---------------------------------------------------------------------
-    model_id: str | None = None
-    text_model_type: str | None = None
-    family: str = GENERIC_NAME
-    head_kind: str = "causal_lm"
-    is_decoder: bool = True
-    tie_word_embeddings: bool = False
-    lm_head_bias: bool = False
-    pooler: bool = False
-
-    # -- attention -----------------------------------------------------------------------------
     value_head_dim: int = 0
     q_bias: bool = False
     k_bias: bool = False
@@ -228,7 +197,7 @@ class ModelSpec:
     o_bias: bool = False
     qk_norm: str | None = None
     attention_scale: float = 1.0
-    inverse_layer_scale: bool = False  # GPT-2's scale_attn_by_inverse_layer_idx
+    inverse_layer_scale: bool = False
     query_pre_attn_scalar: float | None = None
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
@@ -239,19 +208,49 @@ class ModelSpec:
     qk_rope_head_dim: int | None = None
     qk_nope_head_dim: int | None = None
 
-    # -- positions -----------------------------------------------------------------------------
-    position_embedding: str = "rope"  # "rope" | "learned" | "alibi" | "relative" | "none"
+
+@dataclass(frozen=True)
+class PositionSpec:
+    """How the model knows where a token is: RoPE, learned tables, ALiBi or relative buckets.
+
+    Attributes:
+        position_embedding: "rope", "learned", "alibi", "relative" or "none".
+        position_padding_idx: RoBERTa's positions count from it + 1.
+        rope_local_theta: Gemma 3's base of the sliding layers.
+
+    Example:
+        >>> spec = from_config({"model_type": "gpt2", "n_embd": 768, "n_head": 12,
+        ...     "n_layer": 12, "vocab_size": 50257})
+        >>> spec.positions.position_embedding, spec.positions.max_position_embeddings
+        ('learned', 1024)
+    """
+
+    position_embedding: str = "rope"
     max_position_embeddings: int | None = None
     learned_position_rows: int = 0
     learned_position_tables: int = 0
-    position_padding_idx: int | None = None  # RoBERTa: positions count from it + 1
+    position_padding_idx: int | None = None
     token_type_vocab_size: int = 0
     rope_theta: float | None = None
     rope_local_theta: float | None = None
     partial_rotary_factor: float = 1.0
     rope_scaling: Mapping[str, object] | None = None
 
-    # -- feed-forward --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MlpSpec:
+    """The feed-forward blocks: dense sizes and activation, and the experts of MoE layers.
+
+    Attributes:
+        mlp_kind: "gated" (SwiGLU / GeGLU) or "plain".
+        moe_layers: per layer of the stack, whether it holds experts.
+
+    Example:
+        >>> spec = from_config({"model_type": "mixtral", "num_hidden_layers": 2})
+        >>> spec.mlp.num_experts, spec.mlp.num_experts_per_tok
+        (8, 2)
+    """
+
     intermediate_size: int = 0
     mlp_kind: str = "gated"
     mlp_bias: bool = False
@@ -263,27 +262,131 @@ class ModelSpec:
     shared_expert_intermediate_size: int | None = None
     moe_layers: tuple[bool, ...] = ()
 
-    # -- norms and embeddings --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NormSpec:
+    """Norms and the embedding-side extras of the stack.
+
+    Attributes:
+        parallel_residual: x + attention(norm(x)) + mlp(norm(x)) (GPT-NeoX, ...).
+        word_embed_proj_dim: OPT's projection between embeddings and the stack.
+
+    Example:
+        >>> neox = from_config({"model_type": "gpt_neox", "num_hidden_layers": 2}).norms
+        >>> neox.norm_type, neox.norm_bias, neox.parallel_residual
+        ('layer', True, True)
+    """
+
     norm_type: str = "rms"
     norm_bias: bool = False
     norm_affine: bool = True
     norm_eps: float | None = None
     norms_per_layer: int = 2
-    parallel_residual: bool = False  # x + attention(norm(x)) + mlp(norm(x)) (GPT-NeoX, ...)
+    parallel_residual: bool = False
     final_norms: int = 1
     embedding_norms: int = 0
     word_embed_proj_dim: int | None = None
 
-    # -- encoder of an encoder-decoder --------------------------------------------------------
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """The encoder stack of an encoder-decoder (all zero for decoder-only models).
+
+    Example:
+        >>> spec = from_config({"model_type": "t5", "num_layers": 2})
+        >>> spec.encoder.num_encoder_layers
+        2
+    """
+
     num_encoder_layers: int = 0
     encoder_attention_heads: int = 0
     encoder_head_dim: int = 0
     encoder_intermediate_size: int = 0
     encoder_norms_per_layer: int = 0
 
+
+# Which record holds each field a family module reads (`read_family` returns them flat).
+RECORDS = {
+    "attention": AttentionSpec,
+    "positions": PositionSpec,
+    "mlp": MlpSpec,
+    "norms": NormSpec,
+    "encoder": EncoderSpec,
+}
+RECORD_OF_FIELD: dict[str, str] = {
+    item.name: record for record, cls in RECORDS.items() for item in dataclass_fields(cls)
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A Hub model described with one vocabulary for every family.
+
+    The model-level fields say what the model is; the records group the rest by what they
+    describe, for the cost model and the layer rebuilder.
+
+    Attributes:
+        model_type: `model_type` of the config (the wrapper's for multimodal configs).
+        architecture: `architectures[0]`, or None when the config names none.
+        num_layers: layers that hold attention (decoder stack of an encoder-decoder).
+        num_hidden_layers: all layers of that stack, with and without attention.
+        hidden_size, vocab_size: of the language model.
+        is_encoder_decoder: T5, BART, ...; the encoder is described by `encoder`.
+        warnings: what the reader had to guess or could not use.
+        raw: the config exactly as given.
+        attention: heads, head sizes, biases, scales, soft caps, MLA ranks, layer kinds.
+        positions: position embedding, RoPE base and scaling, learned tables.
+        mlp: feed-forward sizes and activation, MoE experts.
+        norms: norm type, count and epsilon, parallel residual, embedding extras.
+        encoder: the encoder stack of an encoder-decoder.
+        mamba: Jamba's Mamba mixer, None otherwise.
+        vision: the vision tower of a multimodal model, None otherwise.
+
+    Example:
+        >>> spec = from_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        ...     "n_embd": 768, "n_head": 12, "n_layer": 12, "vocab_size": 50257})
+        >>> spec.num_layers, spec.attention_kind, spec.positions.position_embedding
+        (12, 'MHA', 'learned')
+    """
+
+    model_type: str
+    architecture: str | None
+    num_layers: int
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    is_encoder_decoder: bool
+    warnings: tuple[str, ...]
+    raw: dict = field(compare=False, repr=False)
+    attention: AttentionSpec = field(kw_only=True)
+    positions: PositionSpec = field(default_factory=PositionSpec)
+    mlp: MlpSpec = field(default_factory=MlpSpec)
+    norms: NormSpec = field(default_factory=NormSpec)
+    encoder: EncoderSpec = field(default_factory=EncoderSpec)
+
+    # -- identity and head ---------------------------------------------------------------------
+    model_id: str | None = None
+    text_model_type: str | None = None
+    family: str = GENERIC_NAME
+    head_kind: str = "causal_lm"
+    is_decoder: bool = True
+    tie_word_embeddings: bool = False
+    lm_head_bias: bool = False
+    pooler: bool = False
+
     # -- other blocks --------------------------------------------------------------------------
     mamba: MambaSpec | None = None
     vision: VisionSpec | None = None
+
+    @property
+    def attention_kind(self) -> str:
+        """ "MHA", "GQA", "MQA" or "MLA": the model's identity in one word."""
+        return self.attention.attention_kind
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """One of "full", "sliding", "none" per layer of the stack (`attention.layer_kinds`)."""
+        return self.attention.layer_kinds
 
     def layer_kind_counts(self) -> dict[str, int]:
         """How many layers are "full", "sliding" and "none" (always all three keys).
@@ -311,7 +414,7 @@ class ModelSpec:
     @property
     def qk_head_dim(self) -> int:
         """Size of one query/key head (for MLA: `qk_nope_head_dim + qk_rope_head_dim`)."""
-        return self.head_dim
+        return self.attention.head_dim
 
     def attention_layer(self, layer_index: int = 0) -> AttentionLayerSpec:
         """The attention configuration of one layer, for rebuilding it.
@@ -338,40 +441,40 @@ class ModelSpec:
                 f"attention layers are {list(self.attention_layer_indices)}"
             )
         sliding = kind == "sliding"
-        rope_theta = self.rope_theta
-        rope_scaling = self.rope_scaling
-        if sliding and self.rope_local_theta is not None:
+        rope_theta = self.positions.rope_theta
+        rope_scaling = self.positions.rope_scaling
+        if sliding and self.positions.rope_local_theta is not None:
             # Gemma 3: sliding layers rotate with their own base and without scaling.
-            rope_theta, rope_scaling = self.rope_local_theta, None
+            rope_theta, rope_scaling = self.positions.rope_local_theta, None
         return AttentionLayerSpec(
             layer_index=layer_index,
             kind=kind,
             hidden_size=self.hidden_size,
-            num_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            value_head_dim=self.value_head_dim,
-            sliding_window=self.sliding_window if sliding else None,
-            use_rope=self.position_embedding == "rope",
-            rope_theta=rope_theta if self.position_embedding == "rope" else None,
-            partial_rotary_factor=self.partial_rotary_factor,
+            num_heads=self.attention.num_attention_heads,
+            num_key_value_heads=self.attention.num_key_value_heads,
+            head_dim=self.attention.head_dim,
+            value_head_dim=self.attention.value_head_dim,
+            sliding_window=self.attention.sliding_window if sliding else None,
+            use_rope=self.positions.position_embedding == "rope",
+            rope_theta=rope_theta if self.positions.position_embedding == "rope" else None,
+            partial_rotary_factor=self.positions.partial_rotary_factor,
             rope_scaling=rope_scaling,
-            q_bias=self.q_bias,
-            k_bias=self.k_bias,
-            v_bias=self.v_bias,
-            o_bias=self.o_bias,
-            qk_norm=self.qk_norm,
-            norm_eps=self.norm_eps,
-            logit_soft_cap=self.attn_logit_softcapping,
+            q_bias=self.attention.q_bias,
+            k_bias=self.attention.k_bias,
+            v_bias=self.attention.v_bias,
+            o_bias=self.attention.o_bias,
+            qk_norm=self.attention.qk_norm,
+            norm_eps=self.norms.norm_eps,
+            logit_soft_cap=self.attention.attn_logit_softcapping,
             # GPT-2's scale_attn_by_inverse_layer_idx divides layer i's logits by i + 1.
-            scale=self.attention_scale / (layer_index + 1)
-            if self.inverse_layer_scale
-            else self.attention_scale,
+            scale=self.attention.attention_scale / (layer_index + 1)
+            if self.attention.inverse_layer_scale
+            else self.attention.attention_scale,
             causal=self.is_decoder,
-            kv_lora_rank=self.kv_lora_rank,
-            q_lora_rank=self.q_lora_rank,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            qk_nope_head_dim=self.qk_nope_head_dim,
+            kv_lora_rank=self.attention.kv_lora_rank,
+            q_lora_rank=self.attention.q_lora_rank,
+            qk_rope_head_dim=self.attention.qk_rope_head_dim,
+            qk_nope_head_dim=self.attention.qk_nope_head_dim,
         )
 
 
@@ -398,7 +501,7 @@ def from_config(config: Mapping[str, object], *, model_id: str | None = None) ->
         >>> spec = from_config({"model_type": "falcon", "architectures": ["FalconForCausalLM"],
         ...     "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
         ...     "multi_query": True, "new_decoder_architecture": False, "vocab_size": 65024})
-        >>> spec.attention_kind, spec.num_key_value_heads, spec.head_dim
+        >>> spec.attention_kind, spec.attention.num_key_value_heads, spec.attention.head_dim
         ('MQA', 1, 64)
     """
     # A checked copy: the spec is frozen, so later edits of the caller's dict must not reach
@@ -472,20 +575,24 @@ def from_config(config: Mapping[str, object], *, model_id: str | None = None) ->
     spec_warnings.extend(reader.notes)
     spec_warnings.extend(fields.pop("notes"))
     heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
+    fields["attention_kind"] = _attention_kind(heads, kv_heads, fields.get("kv_lora_rank"))
+    fields["sliding_window"] = sliding_window if "sliding" in layer_kinds else None
+    fields["layer_kinds"] = layer_kinds
+    records: dict[str, dict] = {name: {} for name in RECORDS}
+    for name in [name for name in fields if name in RECORD_OF_FIELD]:
+        records[RECORD_OF_FIELD[name]][name] = fields.pop(name)
     return ModelSpec(
         model_type=model_type or text_model_type,
         architecture=architecture,
-        attention_kind=_attention_kind(heads, kv_heads, fields.get("kv_lora_rank")),
         num_layers=num_hidden_layers - layer_kinds.count("none"),
         num_hidden_layers=num_hidden_layers,
-        sliding_window=sliding_window if "sliding" in layer_kinds else None,
-        layer_kinds=layer_kinds,
         warnings=tuple(spec_warnings),
         raw=raw,
         model_id=model_id,
         text_model_type=text_model_type if where else None,
         family=family.name,
         vision=vision,
+        **{name: RECORDS[name](**values) for name, values in records.items()},
         **fields,
     )
 
@@ -623,9 +730,16 @@ def _head_fields(architecture: str | None, family: Family, notes: list[str]) -> 
 __all__ = [
     "ATTENTION_KINDS",
     "AttentionLayerSpec",
+    "AttentionSpec",
+    "EncoderSpec",
     "LAYER_KINDS",
     "MambaSpec",
+    "MlpSpec",
     "ModelSpec",
+    "NormSpec",
+    "PositionSpec",
+    "RECORD_OF_FIELD",
+    "RECORDS",
     "VisionSpec",
     "from_config",
 ]

@@ -345,7 +345,7 @@ def test_paligemma_counts_the_siglip_tower_and_its_linear_projector():
 def test_moe_active_parameters_never_exceed_the_total(card_id):
     spec = spec_of(card_id)
     counts = parameter_counts(spec)
-    if any(spec.moe_layers):
+    if any(spec.mlp.moe_layers):
         assert 0 < counts.active < counts.total
         # Every expert active: nothing is left out.
         everything = from_config({**spec.raw, **_all_experts_active(spec)})
@@ -356,8 +356,8 @@ def test_moe_active_parameters_never_exceed_the_total(card_id):
 
 def _all_experts_active(spec) -> dict:
     if spec.model_type == "dbrx":
-        return {"ffn_config": {**spec.raw["ffn_config"], "moe_top_k": spec.num_experts}}
-    return {"num_experts_per_tok": spec.num_experts}
+        return {"ffn_config": {**spec.raw["ffn_config"], "moe_top_k": spec.mlp.num_experts}}
+    return {"num_experts_per_tok": spec.mlp.num_experts}
 
 
 def test_active_above_total_is_refused_by_the_counts():

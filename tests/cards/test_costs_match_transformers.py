@@ -263,7 +263,7 @@ def test_layer_kinds_match_the_cache_layout_transformers_derives(card_id):
     layer_types, layer_kwargs = transformers_cache_layout(text_config)
     assert tuple(LAYER_TYPE_KINDS[layer_type] for layer_type in layer_types) == spec.layer_kinds
     windows = {kwargs["sliding_window"] for kwargs in layer_kwargs if "sliding_window" in kwargs}
-    assert windows == ({spec.sliding_window} if spec.sliding_window else set())
+    assert windows == ({spec.attention.sliding_window} if spec.attention.sliding_window else set())
 
 
 @pytest.mark.parametrize("card_id", CARD_IDS)
@@ -272,10 +272,16 @@ def test_configs_resaved_by_transformers_read_the_same(card_id):
     raw = load_card(card_id)
     resaved = json.loads(transformers_config(raw).to_json_string())
     original, reread = from_config(raw), from_config(resaved)
-    for name in ("layer_kinds", "sliding_window", "num_key_value_heads", "head_dim", "rope_theta"):
-        assert getattr(reread, name) == getattr(original, name), name
-    assert reread.rope_local_theta == original.rope_local_theta
-    assert reread.attention_scale == pytest.approx(original.attention_scale)
+    for record, name in (
+        ("attention", "layer_kinds"),
+        ("attention", "sliding_window"),
+        ("attention", "num_key_value_heads"),
+        ("attention", "head_dim"),
+        ("positions", "rope_theta"),
+    ):
+        assert getattr(getattr(reread, record), name) == getattr(getattr(original, record), name)
+    assert reread.positions.rope_local_theta == original.positions.rope_local_theta
+    assert reread.attention.attention_scale == pytest.approx(original.attention.attention_scale)
     assert kv_cache_cost(reread, seq_len=8192) == kv_cache_cost(original, seq_len=8192)
     if card_id == "google/flan-t5-base":
         # The re-saved file says tie_word_embeddings=true (T5Config forces it): 222.9M, not 247.6M.
@@ -441,14 +447,14 @@ def test_kv_cache_matches_the_cache_transformers_builds(card_id):
         assert keys.shape[0] == values.shape[0] == SHRUNK_BATCH
         tokens = keys.shape[2]
         if expected.kind == "sliding":
-            assert tokens == min(SHRUNK_SEQ_LEN, spec.sliding_window - 1)
-            assert expected.cached_tokens == min(SHRUNK_SEQ_LEN, spec.sliding_window)
+            assert tokens == min(SHRUNK_SEQ_LEN, spec.attention.sliding_window - 1)
+            assert expected.cached_tokens == min(SHRUNK_SEQ_LEN, spec.attention.sliding_window)
         else:
             assert tokens == expected.cached_tokens
         key_elements = keys.shape[1] * keys.shape[3]
         value_elements = values.shape[1] * values.shape[3]
         if broadcasts_kv:
-            group = spec.num_attention_heads // spec.num_key_value_heads
+            group = spec.attention.num_attention_heads // spec.attention.num_key_value_heads
             key_elements, value_elements = key_elements // group, value_elements // group
         if spec.attention_kind == "MLA":
             # transformers caches the latent as two one-head tensors: kv (kv_lora_rank), rope key.
@@ -466,7 +472,7 @@ def test_kv_cache_matches_the_cache_transformers_builds(card_id):
             assert keys.shape[1] * keys.shape[3] == expected.key_elements_per_token
             assert values.shape[1] * values.shape[3] == expected.value_elements_per_token
 
-    if spec.sliding_window is None and not broadcasts_kv:
+    if spec.attention.sliding_window is None and not broadcasts_kv:
         layers = list(self_cache.layers) + (list(cross_cache.layers) if cross_cache else [])
         transformers_bytes = sum(
             tensor.numel() * tensor.element_size()

@@ -166,10 +166,10 @@ NEOX = {
 @pytest.mark.parametrize("head_dim", [32, 8, "sixteen"])
 def test_a_head_dim_gpt_neox_never_reads_is_noted_and_the_derived_one_costed(head_dim):
     spec = from_config({**NEOX, "head_dim": head_dim})
-    assert spec.head_dim == 16  # hidden / heads, as transformers' GPTNeoXAttention
+    assert spec.attention.head_dim == 16  # hidden / heads, as transformers' GPTNeoXAttention
     assert any("head_dim=" in note and "ignored" in note for note in spec.warnings)
 
 
 def test_a_head_dim_that_agrees_is_not_noted():
     spec = from_config({**NEOX, "head_dim": 16})
-    assert spec.head_dim == 16 and not any("head_dim" in note for note in spec.warnings)
+    assert spec.attention.head_dim == 16 and not any("head_dim" in note for note in spec.warnings)

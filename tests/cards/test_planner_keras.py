@@ -29,7 +29,7 @@ def _model(spec):
     """One rebuilt attention layer, an MLP and an output projection: a tiny trainable model."""
     inputs = keras.Input((6, spec.hidden_size))
     hidden = build_attention(spec, 0)(inputs)
-    hidden = keras.layers.Dense(spec.intermediate_size, use_bias=False)(hidden)
+    hidden = keras.layers.Dense(spec.mlp.intermediate_size, use_bias=False)(hidden)
     outputs = keras.layers.Dense(spec.vocab_size, use_bias=False)(hidden)
     return keras.Model(inputs, outputs)
 

@@ -75,7 +75,7 @@ def test_parameters_per_layer_match_the_report(model_id):
         assert report == (
             spec.num_layers * trainable_parameters(layer)
             + spec.num_hidden_layers * trainable_parameters(cross)
-            + spec.num_encoder_layers * trainable_parameters(encoder)
+            + spec.encoder.num_encoder_layers * trainable_parameters(encoder)
         )
     else:
         assert report == spec.num_layers * trainable_parameters(layer)
@@ -99,7 +99,10 @@ def test_per_layer_configuration_of_gemma_3():
     sliding = attention_layer_arguments(spec, 0)
     full = attention_layer_arguments(spec, 5)
     assert spec.layer_kinds[0] == "sliding" and spec.layer_kinds[5] == "full"
-    assert sliding["sliding_window"] == spec.sliding_window and full["sliding_window"] is None
+    assert (
+        sliding["sliding_window"] == spec.attention.sliding_window
+        and full["sliding_window"] is None
+    )
     assert (sliding["rope_theta"], sliding["rope_scaling"]) == (10000.0, None)
     assert full["rope_theta"] == 1e6 and full["rope_scaling"]["rope_type"] == "linear"
     assert sliding["use_qk_norm"] and sliding["attention_scale"] == 256**-0.5

@@ -54,7 +54,7 @@ def test_every_card_reads_without_warnings_from_python(card_id):
     assert spec.raw == card(card_id)
     assert len(spec.layer_kinds) == spec.num_hidden_layers
     assert spec.num_layers == spec.num_hidden_layers - spec.layer_kinds.count("none")
-    assert spec.num_attention_heads % spec.num_key_value_heads == 0
+    assert spec.attention.num_attention_heads % spec.attention.num_key_value_heads == 0
     assert spec.attention_kind in ("MHA", "GQA", "MQA", "MLA")
     assert spec.architecture == card(card_id)["architectures"][0]
 
@@ -99,8 +99,15 @@ def test_card_facts(card_id, kind, layers, heads, kv_heads, head_dim, hidden, wi
     spec = card_spec(card_id)
     assert spec.attention_kind == kind
     assert spec.num_hidden_layers == layers
-    assert (spec.num_attention_heads, spec.num_key_value_heads) == (heads, kv_heads)
-    assert (spec.head_dim, spec.hidden_size, spec.sliding_window) == (head_dim, hidden, window)
+    assert (spec.attention.num_attention_heads, spec.attention.num_key_value_heads) == (
+        heads,
+        kv_heads,
+    )
+    assert (spec.attention.head_dim, spec.hidden_size, spec.attention.sliding_window) == (
+        head_dim,
+        hidden,
+        window,
+    )
     counts = spec.layer_kind_counts()
     assert (counts["full"], counts["sliding"], counts["none"]) == kinds
 
@@ -113,19 +120,23 @@ def test_card_facts(card_id, kind, layers, heads, kv_heads, head_dim, hidden, wi
 @pytest.mark.parametrize("layers_key", ["num_hidden_layers", "n_layer", "num_layers", "n_layers"])
 def test_generic_spellings_of_heads_hidden_and_layers(heads_key, hidden_key, layers_key):
     spec = read_unknown(unknown(**{heads_key: 8, hidden_key: 512, layers_key: 3}))
-    assert (spec.num_attention_heads, spec.hidden_size, spec.num_hidden_layers) == (8, 512, 3)
-    assert (spec.num_key_value_heads, spec.head_dim) == (8, 64)
+    assert (spec.attention.num_attention_heads, spec.hidden_size, spec.num_hidden_layers) == (
+        8,
+        512,
+        3,
+    )
+    assert (spec.attention.num_key_value_heads, spec.attention.head_dim) == (8, 64)
 
 
 def test_encoder_attention_heads_is_the_last_resort_for_heads():
     spec = read_unknown(unknown(encoder_attention_heads=4, hidden_size=64, num_hidden_layers=2))
-    assert spec.num_attention_heads == 4
+    assert spec.attention.num_attention_heads == 4
 
 
 @pytest.mark.parametrize("kv_key", ["num_key_value_heads", "num_kv_heads", "n_head_kv"])
 def test_generic_spellings_of_kv_heads(kv_key):
     spec = read_unknown(unknown(num_attention_heads=8, hidden_size=256, n_layer=2, **{kv_key: 2}))
-    assert (spec.num_key_value_heads, spec.attention_kind) == (2, "GQA")
+    assert (spec.attention.num_key_value_heads, spec.attention_kind) == (2, "GQA")
 
 
 @pytest.mark.parametrize("head_dim_key", ["head_dim", "d_kv"])
@@ -133,7 +144,7 @@ def test_explicit_head_dim_wins_over_hidden_over_heads(head_dim_key):
     spec = read_unknown(
         unknown(num_attention_heads=8, hidden_size=256, n_layer=2, **{head_dim_key: 96})
     )
-    assert spec.head_dim == 96
+    assert spec.attention.head_dim == 96
 
 
 @pytest.mark.parametrize(
@@ -150,7 +161,7 @@ def test_explicit_head_dim_wins_over_hidden_over_heads(head_dim_key):
 def test_falcon_kv_heads(keys, kv_heads, kind):
     config = {"model_type": "falcon", "hidden_size": 1024, "num_attention_heads": 16}
     spec = from_config({**config, "num_hidden_layers": 2, "vocab_size": 100, **keys})
-    assert (spec.num_key_value_heads, spec.attention_kind) == (kv_heads, kind)
+    assert (spec.attention.num_key_value_heads, spec.attention_kind) == (kv_heads, kind)
 
 
 def test_old_falcon_refinedweb_configs():
@@ -164,8 +175,12 @@ def test_old_falcon_refinedweb_configs():
             "vocab_size": 65024,
         }
     )
-    assert (spec.num_attention_heads, spec.num_key_value_heads, spec.num_layers) == (128, 8, 60)
-    assert spec.norms_per_layer == 2  # new decoder architecture: ln_attn and ln_mlp
+    assert (
+        spec.attention.num_attention_heads,
+        spec.attention.num_key_value_heads,
+        spec.num_layers,
+    ) == (128, 8, 60)
+    assert spec.norms.norms_per_layer == 2  # new decoder architecture: ln_attn and ln_mlp
 
 
 @pytest.mark.parametrize(("multi_query", "kv_heads"), [(True, 1), (False, 12), (None, 1)])
@@ -173,39 +188,53 @@ def test_gpt_bigcode_multi_query(multi_query, kv_heads):
     config = {"model_type": "gpt_bigcode", "n_embd": 768, "n_head": 12, "n_layer": 2}
     if multi_query is not None:
         config["multi_query"] = multi_query
-    assert from_config({**config, "vocab_size": 100}).num_key_value_heads == kv_heads
+    assert from_config({**config, "vocab_size": 100}).attention.num_key_value_heads == kv_heads
 
 
 def test_dbrx_nested_attn_and_ffn_config():
     spec = card_spec("databricks/dbrx-base")
-    assert (spec.num_key_value_heads, spec.rope_theta, spec.qkv_clip) == (8, 500000.0, 8.0)
-    assert (spec.num_experts, spec.num_experts_per_tok, spec.moe_intermediate_size) == (
+    assert (
+        spec.attention.num_key_value_heads,
+        spec.positions.rope_theta,
+        spec.attention.qkv_clip,
+    ) == (8, 500000.0, 8.0)
+    assert (spec.mlp.num_experts, spec.mlp.num_experts_per_tok, spec.mlp.moe_intermediate_size) == (
         16,
         4,
         10752,
     )
-    assert spec.norm_type == "layer" and not spec.norm_bias
+    assert spec.norms.norm_type == "layer" and not spec.norms.norm_bias
 
 
 def test_t5_num_layers_and_num_decoder_layers():
     spec = from_config({**card("google-t5/t5-small"), "num_decoder_layers": 3})
-    assert (spec.num_encoder_layers, spec.num_hidden_layers, spec.num_layers) == (6, 3, 3)
-    assert spec.is_encoder_decoder and spec.head_dim == 64 and spec.attention_scale == 1.0
+    assert (spec.encoder.num_encoder_layers, spec.num_hidden_layers, spec.num_layers) == (6, 3, 3)
+    assert (
+        spec.is_encoder_decoder
+        and spec.attention.head_dim == 64
+        and spec.attention.attention_scale == 1.0
+    )
     flan = card_spec("google/flan-t5-base")
-    assert (flan.mlp_kind, flan.hidden_act, flan.tie_word_embeddings) == ("gated", "gelu", False)
+    assert (flan.mlp.mlp_kind, flan.mlp.hidden_act, flan.tie_word_embeddings) == (
+        "gated",
+        "gelu",
+        False,
+    )
 
 
 def test_bart_encoder_and_decoder():
     spec = card_spec("facebook/bart-large")
     assert spec.is_encoder_decoder and spec.head_kind == "base"
-    assert (spec.num_encoder_layers, spec.num_hidden_layers) == (12, 12)
-    assert (spec.encoder_attention_heads, spec.num_attention_heads) == (16, 16)
-    assert spec.learned_position_rows == 1026 and spec.learned_position_tables == 2
+    assert (spec.encoder.num_encoder_layers, spec.num_hidden_layers) == (12, 12)
+    assert (spec.encoder.encoder_attention_heads, spec.attention.num_attention_heads) == (16, 16)
+    assert (
+        spec.positions.learned_position_rows == 1026 and spec.positions.learned_position_tables == 2
+    )
 
 
 def test_bart_generic_aliases_win_like_in_transformers():
     spec = from_config({**card("facebook/bart-large"), "encoder_layers": 3})
-    assert spec.num_encoder_layers == 12  # num_hidden_layers=12 aliases encoder_layers
+    assert spec.encoder.num_encoder_layers == 12  # num_hidden_layers=12 aliases encoder_layers
 
 
 # -- sliding windows ----------------------------------------------------------------------------
@@ -226,18 +255,18 @@ def mistral(**keys) -> dict:
 
 def test_mistral_window_applies_to_every_layer_and_defaults_like_transformers():
     assert from_config(mistral(sliding_window=128)).layer_kinds == ("sliding",) * 4
-    assert from_config(mistral(sliding_window=None)).sliding_window is None
+    assert from_config(mistral(sliding_window=None)).attention.sliding_window is None
     # MistralConfig's default window is 4096 when the key is absent.
-    assert from_config(mistral()).sliding_window == 4096
+    assert from_config(mistral()).attention.sliding_window == 4096
 
 
 def test_qwen2_use_sliding_window_and_max_window_layers():
     config = {**card("Qwen/Qwen2.5-7B"), "num_hidden_layers": 6}
     off = from_config(config)
-    assert off.sliding_window is None and off.layer_kinds == ("full",) * 6
+    assert off.attention.sliding_window is None and off.layer_kinds == ("full",) * 6
     on = from_config({**config, "use_sliding_window": True, "max_window_layers": 4})
     assert on.layer_kinds == ("full",) * 4 + ("sliding",) * 2
-    assert on.sliding_window == 131072
+    assert on.attention.sliding_window == 131072
 
 
 def test_layer_types_list_wins():
@@ -277,7 +306,7 @@ def test_gemma3_sliding_window_pattern():
 def test_sliding_window_on_a_family_without_windows_is_ignored_with_a_note():
     config = {**card("meta-llama/Llama-3.2-1B"), "sliding_window": 1024}
     spec = from_config(config)
-    assert spec.sliding_window is None
+    assert spec.attention.sliding_window is None
     assert any("sliding_window=1024 is ignored" in note for note in spec.warnings)
 
 
@@ -286,30 +315,36 @@ def test_sliding_window_on_a_family_without_windows_is_ignored_with_a_note():
 
 def test_deepseek_mla_fields():
     spec = card_spec("deepseek-ai/DeepSeek-V3")
-    assert (spec.kv_lora_rank, spec.q_lora_rank) == (512, 1536)
-    assert (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.value_head_dim) == (128, 64, 128)
-    assert spec.head_dim == 192
+    assert (spec.attention.kv_lora_rank, spec.attention.q_lora_rank) == (512, 1536)
+    assert (
+        spec.attention.qk_nope_head_dim,
+        spec.attention.qk_rope_head_dim,
+        spec.attention.value_head_dim,
+    ) == (128, 64, 128)
+    assert spec.attention.head_dim == 192
     # YaRN with mscale_all_dim=1, factor=40: scale = 192**-0.5 * (0.1 * ln 40 + 1)**2.
-    assert spec.attention_scale == pytest.approx(192**-0.5 * (0.1 * 3.6888794541 + 1) ** 2)
+    assert spec.attention.attention_scale == pytest.approx(
+        192**-0.5 * (0.1 * 3.6888794541 + 1) ** 2
+    )
     lite = card_spec("deepseek-ai/DeepSeek-V2-Lite")
-    assert lite.q_lora_rank is None and lite.rope_scaling["type"] == "yarn"
+    assert lite.attention.q_lora_rank is None and lite.positions.rope_scaling["type"] == "yarn"
 
 
 def test_moe_fields():
     mixtral = card_spec("mistralai/Mixtral-8x7B-v0.1")
-    assert (mixtral.num_experts, mixtral.num_experts_per_tok) == (8, 2)
-    assert all(mixtral.moe_layers)
+    assert (mixtral.mlp.num_experts, mixtral.mlp.num_experts_per_tok) == (8, 2)
+    assert all(mixtral.mlp.moe_layers)
     v3 = card_spec("deepseek-ai/DeepSeek-V3")
-    assert v3.moe_layers[:4] == (False, False, False, True) and sum(v3.moe_layers) == 58
-    assert (v3.num_shared_experts, v3.shared_expert_intermediate_size) == (1, 2048)
+    assert v3.mlp.moe_layers[:4] == (False, False, False, True) and sum(v3.mlp.moe_layers) == 58
+    assert (v3.mlp.num_shared_experts, v3.mlp.shared_expert_intermediate_size) == (1, 2048)
     qwen = from_config({**card("Qwen/Qwen3-30B-A3B"), "decoder_sparse_step": 2})
-    assert qwen.moe_layers[:4] == (False, True, False, True)
+    assert qwen.mlp.moe_layers[:4] == (False, True, False, True)
 
 
 def test_jamba_hybrid_layers():
     spec = card_spec("ai21labs/Jamba-v0.1")
     assert spec.attention_layer_indices == (4, 12, 20, 28)
-    assert spec.moe_layers[:4] == (False, True, False, True)
+    assert spec.mlp.moe_layers[:4] == (False, True, False, True)
     assert (spec.mamba.d_state, spec.mamba.dt_rank, spec.mamba.inner_size) == (16, 256, 8192)
     with pytest.raises(ValueError, match="layer_index=0 holds no attention"):
         spec.attention_layer(0)
@@ -319,9 +354,9 @@ def test_jamba_hybrid_layers():
 def test_multimodal_text_config():
     spec = card_spec("google/gemma-3-4b-it")
     assert (spec.model_type, spec.text_model_type) == ("gemma3", "gemma3_text")
-    assert spec.vocab_size == 262208 and spec.qk_norm == "rms"
+    assert spec.vocab_size == 262208 and spec.attention.qk_norm == "rms"
     assert spec.vision.num_layers == 27 and spec.vision.num_patches == 4096
-    assert spec.rope_scaling == {"factor": 8.0, "rope_type": "linear"}
+    assert spec.positions.rope_scaling == {"factor": 8.0, "rope_type": "linear"}
     # Shape keys the text_config leaves out come from Gemma3TextConfig's defaults, noted.
     noted = " ".join(spec.warnings)
     for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
@@ -361,41 +396,59 @@ def test_unknown_multimodal_wrapper_notes_the_vision_tower_it_does_not_count():
 
 def test_bias_flags():
     qwen = card_spec("Qwen/Qwen2.5-0.5B")
-    assert (qwen.q_bias, qwen.k_bias, qwen.v_bias, qwen.o_bias) == (True, True, True, False)
+    assert (
+        qwen.attention.q_bias,
+        qwen.attention.k_bias,
+        qwen.attention.v_bias,
+        qwen.attention.o_bias,
+    ) == (True, True, True, False)
     llama = from_config({**card("meta-llama/Llama-3.2-1B"), "attention_bias": True})
-    assert (llama.q_bias, llama.o_bias) == (True, True)
+    assert (llama.attention.q_bias, llama.attention.o_bias) == (True, True)
     gpt2 = card_spec("openai-community/gpt2")
-    assert gpt2.q_bias and gpt2.o_bias and gpt2.mlp_bias and gpt2.norm_bias
-    assert not card_spec("tiiuae/falcon-7b").q_bias
+    assert (
+        gpt2.attention.q_bias
+        and gpt2.attention.o_bias
+        and gpt2.mlp.mlp_bias
+        and gpt2.norms.norm_bias
+    )
+    assert not card_spec("tiiuae/falcon-7b").attention.q_bias
     assert card_spec("microsoft/phi-2").lm_head_bias
 
 
 def test_qk_norms():
-    assert card_spec("Qwen/Qwen3-8B").qk_norm == "rms"
-    assert card_spec("meta-llama/Meta-Llama-3-8B").qk_norm is None
+    assert card_spec("Qwen/Qwen3-8B").attention.qk_norm == "rms"
+    assert card_spec("meta-llama/Meta-Llama-3-8B").attention.qk_norm is None
     phi = from_config({**card("microsoft/phi-2"), "qk_layernorm": True})
-    assert phi.qk_norm == "layer"
+    assert phi.attention.qk_norm == "layer"
 
 
 def test_rope_fields():
     llama = card_spec("meta-llama/Llama-3.1-8B")
-    assert llama.rope_theta == 500000.0 and llama.rope_scaling["rope_type"] == "llama3"
-    assert card_spec("microsoft/phi-2").partial_rotary_factor == 0.4
+    assert (
+        llama.positions.rope_theta == 500000.0
+        and llama.positions.rope_scaling["rope_type"] == "llama3"
+    )
+    assert card_spec("microsoft/phi-2").positions.partial_rotary_factor == 0.4
     pythia = card_spec("EleutherAI/pythia-1b")
-    assert (pythia.partial_rotary_factor, pythia.rope_theta) == (0.25, 10000.0)
-    assert card_spec("openai-community/gpt2").position_embedding == "learned"
-    assert card_spec("google-t5/t5-small").position_embedding == "relative"
+    assert (pythia.positions.partial_rotary_factor, pythia.positions.rope_theta) == (0.25, 10000.0)
+    assert card_spec("openai-community/gpt2").positions.position_embedding == "learned"
+    assert card_spec("google-t5/t5-small").positions.position_embedding == "relative"
 
 
 def test_rope_parameters_written_by_transformers_5():
     config = mistral(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    assert from_config(config).rope_theta == 1e6
+    assert from_config(config).positions.rope_theta == 1e6
 
 
 def test_soft_caps_and_query_pre_attn_scalar():
     spec = card_spec("google/gemma-2-9b")
-    assert (spec.attn_logit_softcapping, spec.final_logit_softcapping) == (50.0, 30.0)
-    assert spec.query_pre_attn_scalar == 256 and spec.attention_scale == 256**-0.5
+    assert (spec.attention.attn_logit_softcapping, spec.attention.final_logit_softcapping) == (
+        50.0,
+        30.0,
+    )
+    assert (
+        spec.attention.query_pre_attn_scalar == 256 and spec.attention.attention_scale == 256**-0.5
+    )
 
 
 def test_gemma3_layers_rotate_with_their_own_base():
@@ -496,3 +549,19 @@ def test_the_spec_is_frozen():
     spec = card_spec("openai-community/gpt2")
     with pytest.raises(AttributeError):
         spec.num_layers = 3
+
+
+def test_each_record_field_has_one_home():
+    # from_config files the flat fields of a family module by name: a name in two records, or
+    # in a record and on ModelSpec itself, would be filed in one place and lost in the other.
+    from dataclasses import fields
+
+    from keras_mha.planning.spec import RECORD_OF_FIELD, RECORDS
+
+    names = [item.name for cls in RECORDS.values() for item in fields(cls)]
+    assert len(names) == len(set(names)) == len(RECORD_OF_FIELD)
+    assert not set(names) & {item.name for item in fields(ModelSpec)}
+    spec = card_spec("meta-llama/Meta-Llama-3-8B")
+    assert (spec.attention.num_key_value_heads, spec.positions.rope_theta) == (8, 500000.0)
+    assert (spec.mlp.intermediate_size, spec.norms.norm_type) == (14336, "rms")
+    assert spec.encoder.num_encoder_layers == 0

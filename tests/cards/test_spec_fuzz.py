@@ -181,8 +181,8 @@ def report_or_config_error(config: dict) -> None:
         assert counts.total > 0
         if counts.active is not None:
             assert 0 < counts.active <= counts.total
-        assert spec.num_attention_heads % spec.num_key_value_heads == 0
-        assert len(spec.layer_kinds) == len(spec.moe_layers) == spec.num_hidden_layers <= 10_000
+        assert spec.attention.num_attention_heads % spec.attention.num_key_value_heads == 0
+        assert len(spec.layer_kinds) == len(spec.mlp.moe_layers) == spec.num_hidden_layers <= 10_000
         seq_len = default_seq_len(spec)
         cost = kv_cache_cost(spec, seq_len=seq_len, batch=3, kv_dtype="int4")
         assert cost.total_bytes >= 0 and cost.mha_equivalent_bytes >= 0

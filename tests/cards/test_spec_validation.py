@@ -375,7 +375,9 @@ def test_refusal_names_the_key_the_value_and_the_expectation(base, path, value, 
 
 @pytest.mark.parametrize(("base", "path", "value"), [row[1:4] for row in VALID_ROWS])
 def test_null_means_the_family_default(base, path, value):
-    assert from_config(edited(base, path, value)).num_attention_heads == 32  # MistralConfig
+    assert (
+        from_config(edited(base, path, value)).attention.num_attention_heads == 32
+    )  # MistralConfig
 
 
 def test_values_are_shown_short():

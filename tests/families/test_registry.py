@@ -127,7 +127,7 @@ def test_the_three_new_families_read_their_special_keys():
         }
     )
     assert [gpt2.attention_layer(i).scale for i in range(3)] == [0.25, 0.125, 0.25 / 3]
-    assert (gpt2.position_embedding, gpt2.intermediate_size) == ("learned", 256)
+    assert (gpt2.positions.position_embedding, gpt2.mlp.intermediate_size) == ("learned", 256)
     neox = from_config(
         {
             "model_type": "gpt_neox",
@@ -139,7 +139,11 @@ def test_the_three_new_families_read_their_special_keys():
             "use_parallel_residual": False,
         }
     )
-    assert (neox.parallel_residual, neox.partial_rotary_factor, neox.q_bias) == (False, 0.25, True)
+    assert (
+        neox.norms.parallel_residual,
+        neox.positions.partial_rotary_factor,
+        neox.attention.q_bias,
+    ) == (False, 0.25, True)
     xlmr = from_config(
         {
             "model_type": "xlm-roberta",
@@ -150,7 +154,11 @@ def test_the_three_new_families_read_their_special_keys():
             "max_position_embeddings": 514,
         }
     )
-    assert (xlmr.family, xlmr.vocab_size, xlmr.position_padding_idx) == ("xlm-roberta", 30522, 1)
+    assert (xlmr.family, xlmr.vocab_size, xlmr.positions.position_padding_idx) == (
+        "xlm-roberta",
+        30522,
+        1,
+    )
 
 
 @pytest.mark.parametrize(

@@ -133,8 +133,9 @@ def test_runtime_cache_bytes_equal_the_plan(card, compute_dtype):
     query features shrunk), its cache allocated at 64 tokens: the bytes the planner
     states for the whole model, exactly, for every KV dtype the runtime runs."""
     spec = from_config(load_config(f"bundled:{card}").config)
+    attention = spec.attention
     layer = GroupedQueryAttention(
-        spec.num_attention_heads, spec.num_key_value_heads, head_dim=spec.head_dim,
+        attention.num_attention_heads, attention.num_key_value_heads, head_dim=attention.head_dim,
         dtype=compute_dtype,
     )  # fmt: skip
     layer.build((None, None, 8))

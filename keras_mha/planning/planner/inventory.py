@@ -129,45 +129,46 @@ def _vector(groups, part, role, elements, count, layers, split, stage="layer"):
 
 
 def _norm_elements(spec: ModelSpec, size: int) -> int:
-    if not spec.norm_affine:
+    if not spec.norms.norm_affine:
         return 0
-    return 2 * size if spec.norm_type == "layer" and spec.norm_bias else size
+    return 2 * size if spec.norms.norm_type == "layer" and spec.norms.norm_bias else size
 
 
 def _attention(groups, spec: ModelSpec, layers: tuple[int, ...]):
-    hidden, heads, count = spec.hidden_size, spec.num_attention_heads, len(layers)
-    if spec.kv_lora_rank:
-        qk_head_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-        if spec.q_lora_rank:
-            _matrix(groups, "attention", "mla_down", hidden, spec.q_lora_rank, count, layers,
-                    "replicated", bias=spec.q_bias)  # fmt: skip
-            _vector(groups, "attention", "norm", spec.q_lora_rank, count, layers, "replicated")
-            _matrix(groups, "attention", "attention", spec.q_lora_rank, heads * qk_head_dim,
+    att = spec.attention
+    hidden, heads, count = spec.hidden_size, att.num_attention_heads, len(layers)
+    if att.kv_lora_rank:
+        qk_head_dim = att.qk_nope_head_dim + att.qk_rope_head_dim
+        if att.q_lora_rank:
+            _matrix(groups, "attention", "mla_down", hidden, att.q_lora_rank, count, layers,
+                    "replicated", bias=att.q_bias)  # fmt: skip
+            _vector(groups, "attention", "norm", att.q_lora_rank, count, layers, "replicated")
+            _matrix(groups, "attention", "attention", att.q_lora_rank, heads * qk_head_dim,
                     count, layers, "column")  # fmt: skip
         else:
             _matrix(groups, "attention", "attention", hidden, heads * qk_head_dim, count,
                     layers, "column")  # fmt: skip
         _matrix(groups, "attention", "mla_down", hidden,
-                spec.kv_lora_rank + spec.qk_rope_head_dim, count, layers, "replicated",
-                bias=spec.k_bias)  # fmt: skip
-        _vector(groups, "attention", "norm", spec.kv_lora_rank, count, layers, "replicated")
-        _matrix(groups, "attention", "attention", spec.kv_lora_rank,
-                heads * (spec.qk_nope_head_dim + spec.value_head_dim), count, layers,
+                att.kv_lora_rank + att.qk_rope_head_dim, count, layers, "replicated",
+                bias=att.k_bias)  # fmt: skip
+        _vector(groups, "attention", "norm", att.kv_lora_rank, count, layers, "replicated")
+        _matrix(groups, "attention", "attention", att.kv_lora_rank,
+                heads * (att.qk_nope_head_dim + att.value_head_dim), count, layers,
                 "column")  # fmt: skip
-        _matrix(groups, "attention", "attention", heads * spec.value_head_dim, hidden, count,
-                layers, "row", bias=spec.o_bias)  # fmt: skip
+        _matrix(groups, "attention", "attention", heads * att.value_head_dim, hidden, count,
+                layers, "row", bias=att.o_bias)  # fmt: skip
         return
-    kv_heads = spec.num_key_value_heads
-    _matrix(groups, "attention", "attention", hidden, heads * spec.head_dim, count, layers,
-            "column", bias=spec.q_bias)  # fmt: skip
-    _matrix(groups, "attention", "kv_projection", hidden, kv_heads * spec.head_dim, count,
-            layers, "kv", bias=spec.k_bias, heads=kv_heads)  # fmt: skip
-    _matrix(groups, "attention", "kv_projection", hidden, kv_heads * spec.value_head_dim,
-            count, layers, "kv", bias=spec.v_bias, heads=kv_heads)  # fmt: skip
-    _matrix(groups, "attention", "attention", heads * spec.value_head_dim, hidden, count,
-            layers, "row", bias=spec.o_bias)  # fmt: skip
-    if spec.qk_norm:
-        per_norm = spec.head_dim if spec.qk_norm == "rms" else 2 * spec.head_dim
+    kv_heads = att.num_key_value_heads
+    _matrix(groups, "attention", "attention", hidden, heads * att.head_dim, count, layers,
+            "column", bias=att.q_bias)  # fmt: skip
+    _matrix(groups, "attention", "kv_projection", hidden, kv_heads * att.head_dim, count,
+            layers, "kv", bias=att.k_bias, heads=kv_heads)  # fmt: skip
+    _matrix(groups, "attention", "kv_projection", hidden, kv_heads * att.value_head_dim,
+            count, layers, "kv", bias=att.v_bias, heads=kv_heads)  # fmt: skip
+    _matrix(groups, "attention", "attention", heads * att.value_head_dim, hidden, count,
+            layers, "row", bias=att.o_bias)  # fmt: skip
+    if att.qk_norm:
+        per_norm = att.head_dim if att.qk_norm == "rms" else 2 * att.head_dim
         _vector(groups, "attention", "norm", per_norm, 2 * count, layers, "replicated")
 
 
@@ -193,14 +194,14 @@ def _mlp(groups, part, role, hidden, inner, kind, bias, count, layers, stage="la
 
 
 def _moe(groups, spec: ModelSpec, layers: tuple[int, ...]):
-    hidden, count, experts = spec.hidden_size, len(layers), spec.num_experts
+    hidden, count, experts = spec.hidden_size, len(layers), spec.mlp.num_experts
     _matrix(groups, "mlp", "router", hidden, experts, count, layers, "replicated")
-    inner = spec.moe_intermediate_size
+    inner = spec.mlp.moe_intermediate_size
     _matrix(groups, "mlp", "expert", hidden, inner, 2 * experts * count, layers, "column")
     _matrix(groups, "mlp", "expert", inner, hidden, experts * count, layers, "row")
-    if spec.num_shared_experts:
-        _mlp(groups, "mlp", "shared_expert", hidden, spec.shared_expert_intermediate_size,
-             "gated", spec.mlp_bias, count, layers)  # fmt: skip
+    if spec.mlp.num_shared_experts:
+        _mlp(groups, "mlp", "shared_expert", hidden, spec.mlp.shared_expert_intermediate_size,
+             "gated", spec.mlp.mlp_bias, count, layers)  # fmt: skip
 
 
 def _mamba(groups, spec: ModelSpec, layers: tuple[int, ...]):
@@ -248,12 +249,13 @@ def weight_groups(spec: ModelSpec) -> tuple[WeightGroup, ...]:
         True
     """
     groups: list[WeightGroup] = []
+    att, enc = spec.attention, spec.encoder
     hidden = spec.hidden_size
-    width = spec.word_embed_proj_dim or hidden
+    width = spec.norms.word_embed_proj_dim or hidden
     _vector(groups, "embeddings", "embedding", spec.vocab_size * width, 1, (), "vocab", "first")
-    _vector(groups, "embeddings", "embedding", spec.learned_position_rows * hidden,
-            spec.learned_position_tables, (), "vocab", "first")  # fmt: skip
-    _vector(groups, "embeddings", "embedding", spec.token_type_vocab_size * hidden, 1, (),
+    _vector(groups, "embeddings", "embedding", spec.positions.learned_position_rows * hidden,
+            spec.positions.learned_position_tables, (), "vocab", "first")  # fmt: skip
+    _vector(groups, "embeddings", "embedding", spec.positions.token_type_vocab_size * hidden, 1, (),
             "vocab", "first")  # fmt: skip
     if width != hidden:  # OPT's project_in / project_out
         _matrix(groups, "embeddings", "projection", width, hidden, 1, (), "replicated",
@@ -264,38 +266,38 @@ def weight_groups(spec: ModelSpec) -> tuple[WeightGroup, ...]:
     kinds = spec.layer_kinds
     attention_layers = tuple(i for i, kind in enumerate(kinds) if kind != "none")
     mixer_layers = tuple(i for i, kind in enumerate(kinds) if kind == "none")
-    moe = tuple(i for i in range(len(kinds)) if spec.moe_layers and spec.moe_layers[i])
+    moe = tuple(i for i in range(len(kinds)) if spec.mlp.moe_layers and spec.mlp.moe_layers[i])
     dense = tuple(i for i in range(len(kinds)) if i not in set(moe))
     if attention_layers:
         _attention(groups, spec, attention_layers)
     if spec.mamba and mixer_layers:
         _mamba(groups, spec, mixer_layers)
     if dense:
-        _mlp(groups, "mlp", "mlp", hidden, spec.intermediate_size, spec.mlp_kind,
-             spec.mlp_bias, len(dense), dense)  # fmt: skip
-    if moe and spec.num_experts:
+        _mlp(groups, "mlp", "mlp", hidden, spec.mlp.intermediate_size, spec.mlp.mlp_kind,
+             spec.mlp.mlp_bias, len(dense), dense)  # fmt: skip
+    if moe and spec.mlp.num_experts:
         _moe(groups, spec, moe)
     norm = _norm_elements(spec, hidden)
     all_layers = tuple(range(len(kinds)))
-    _vector(groups, "norms", "norm", norm, len(kinds) * spec.norms_per_layer, all_layers,
+    _vector(groups, "norms", "norm", norm, len(kinds) * spec.norms.norms_per_layer, all_layers,
             "replicated")  # fmt: skip
-    _vector(groups, "norms", "norm", norm, spec.final_norms, (), "replicated", "last")
-    _vector(groups, "norms", "norm", norm, spec.embedding_norms, (), "replicated", "first")
+    _vector(groups, "norms", "norm", norm, spec.norms.final_norms, (), "replicated", "last")
+    _vector(groups, "norms", "norm", norm, spec.norms.embedding_norms, (), "replicated", "first")
 
     if spec.is_encoder_decoder:
         # Cross-attention in every decoder layer; the encoder on the first stage.
-        _plain_attention(groups, hidden, spec.num_attention_heads, spec.head_dim, spec.q_bias,
+        _plain_attention(groups, hidden, att.num_attention_heads, att.head_dim, att.q_bias,
                          all_layers, "layer", len(all_layers))  # fmt: skip
-        encoder = spec.num_encoder_layers
-        _plain_attention(groups, hidden, spec.encoder_attention_heads, spec.encoder_head_dim,
-                         spec.q_bias, (), "first", encoder)  # fmt: skip
-        _mlp(groups, "mlp", "mlp", hidden, spec.encoder_intermediate_size, spec.mlp_kind,
-             spec.mlp_bias, encoder, (), "first")  # fmt: skip
-        _vector(groups, "norms", "norm", norm, encoder * spec.encoder_norms_per_layer, (),
+        encoder = enc.num_encoder_layers
+        _plain_attention(groups, hidden, enc.encoder_attention_heads, enc.encoder_head_dim,
+                         att.q_bias, (), "first", encoder)  # fmt: skip
+        _mlp(groups, "mlp", "mlp", hidden, enc.encoder_intermediate_size, spec.mlp.mlp_kind,
+             spec.mlp.mlp_bias, encoder, (), "first")  # fmt: skip
+        _vector(groups, "norms", "norm", norm, encoder * enc.encoder_norms_per_layer, (),
                 "replicated", "first")  # fmt: skip
-        if spec.relative_attention_num_buckets:
-            _vector(groups, "attention", "other", spec.relative_attention_num_buckets * (
-                spec.num_attention_heads + spec.encoder_attention_heads), 1, (), "replicated",
+        if att.relative_attention_num_buckets:
+            _vector(groups, "attention", "other", att.relative_attention_num_buckets * (
+                att.num_attention_heads + enc.encoder_attention_heads), 1, (), "replicated",
                 "first")  # fmt: skip
 
     if spec.head_kind == "lm":

@@ -234,10 +234,10 @@ class _LayerActivations:
 
 
 def _decoder_layers(spec: ModelSpec) -> list[_LayerActivations]:
-    hidden, heads = spec.hidden_size, spec.num_attention_heads
+    hidden, heads = spec.hidden_size, spec.attention.num_attention_heads
     layers = []
     for index, kind in enumerate(spec.layer_kinds):
-        elements = spec.norms_per_layer * hidden + 2 * hidden  # norm inputs, block inputs
+        elements = spec.norms.norms_per_layer * hidden + 2 * hidden  # norm inputs, block inputs
         float32_bytes = 0
         if kind == "none":
             elements += mamba_elements(spec)
@@ -246,12 +246,12 @@ def _decoder_layers(spec: ModelSpec) -> list[_LayerActivations]:
             float32_bytes += 4 * heads  # flash attention's log-sum-exp
         if is_moe_layer(spec, index):
             elements += moe_elements(spec)
-            float32_bytes += 4 * spec.num_experts  # router logits
+            float32_bytes += 4 * spec.mlp.num_experts  # router logits
         else:
-            elements += mlp_elements(spec, spec.intermediate_size)
+            elements += mlp_elements(spec, spec.mlp.intermediate_size)
         encoder_elements = 0
         if spec.is_encoder_decoder:
-            inner = heads * spec.head_dim
+            inner = heads * spec.attention.head_dim
             elements += hidden + 2 * inner  # cross-attention: normed input, Q, output
             float32_bytes += 4 * heads
             encoder_elements = 2 * inner  # its K and V over the encoder's tokens
@@ -263,11 +263,11 @@ def _encoder_layers(spec: ModelSpec) -> list[_LayerActivations]:
     if not spec.is_encoder_decoder:
         return []
     hidden = spec.hidden_size
-    inner = spec.encoder_attention_heads * spec.encoder_head_dim
-    elements = spec.encoder_norms_per_layer * hidden + 2 * hidden + 4 * inner
-    elements += mlp_elements(spec, spec.encoder_intermediate_size)
-    layer = _LayerActivations(elements, 4 * spec.encoder_attention_heads)
-    return [layer] * spec.num_encoder_layers
+    inner = spec.encoder.encoder_attention_heads * spec.encoder.encoder_head_dim
+    elements = spec.encoder.encoder_norms_per_layer * hidden + 2 * hidden + 4 * inner
+    elements += mlp_elements(spec, spec.encoder.encoder_intermediate_size)
+    layer = _LayerActivations(elements, 4 * spec.encoder.encoder_attention_heads)
+    return [layer] * spec.encoder.num_encoder_layers
 
 
 # -- training -----------------------------------------------------------------------------------

@@ -179,12 +179,13 @@ def kv_share(spec: ModelSpec, tensor_parallel: int) -> tuple[int, int]:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> kv_share(SimpleNamespace(kv_lora_rank=None, num_key_value_heads=8), 16)
+        >>> attention = SimpleNamespace(kv_lora_rank=None, num_key_value_heads=8)
+        >>> kv_share(SimpleNamespace(attention=attention), 16)
         (1, 8)
     """
-    if spec.kv_lora_rank:
+    if spec.attention.kv_lora_rank:
         return 1, 1
-    heads = spec.num_key_value_heads
+    heads = spec.attention.num_key_value_heads
     return kv_heads_per_device(heads, tensor_parallel), heads
 
 
@@ -194,20 +195,24 @@ def tensor_parallel_problem(spec: ModelSpec, tensor_parallel: int) -> str | None
 
     Example:
         >>> from types import SimpleNamespace
-        >>> spec = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8,
-        ...                        kv_lora_rank=None)
+        >>> spec = SimpleNamespace(attention=SimpleNamespace(
+        ...     num_attention_heads=32, num_key_value_heads=8, kv_lora_rank=None))
         >>> tensor_parallel_problem(spec, 16) is None, tensor_parallel_problem(spec, 3)[:33]
         (True, 'tensor parallel 3 does not divide')
     """
     if tensor_parallel == 1:
         return None
-    heads, kv_heads = spec.num_attention_heads, spec.num_key_value_heads
+    heads, kv_heads = spec.attention.num_attention_heads, spec.attention.num_key_value_heads
     if heads % tensor_parallel:
         return (
             f"tensor parallel {tensor_parallel} does not divide the {heads} query heads "
             "(vLLM refuses it); the plan rounds each device's share up"
         )
-    if not spec.kv_lora_rank and kv_heads % tensor_parallel and tensor_parallel % kv_heads:
+    if (
+        not spec.attention.kv_lora_rank
+        and kv_heads % tensor_parallel
+        and tensor_parallel % kv_heads
+    ):
         return (
             f"tensor parallel {tensor_parallel} neither divides the {kv_heads} KV heads nor is "
             "a multiple of them (vLLM refuses it); the plan rounds each device's share up"

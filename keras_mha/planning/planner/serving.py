@@ -110,25 +110,31 @@ def compute_bytes_of(compute_dtype: str) -> int:
 
 def attention_elements(spec: ModelSpec) -> int:
     """Elements per token of one self-attention block's inputs and projections."""
-    heads = spec.num_attention_heads
-    if spec.kv_lora_rank:
-        qk_head_dim = (spec.qk_nope_head_dim or 0) + (spec.qk_rope_head_dim or 0)
-        elements = (spec.q_lora_rank or 0) + heads * qk_head_dim  # query (low-rank input)
-        elements += spec.kv_lora_rank + (spec.qk_rope_head_dim or 0)  # latent + rope key
-        elements += heads * qk_head_dim + heads * spec.value_head_dim  # expanded K and V
-        return elements + heads * spec.value_head_dim  # attention output
-    key_value = spec.num_key_value_heads * (spec.head_dim + spec.value_head_dim)
-    return heads * spec.head_dim + key_value + heads * spec.value_head_dim
+    heads = spec.attention.num_attention_heads
+    if spec.attention.kv_lora_rank:
+        qk_head_dim = (spec.attention.qk_nope_head_dim or 0) + (
+            spec.attention.qk_rope_head_dim or 0
+        )
+        elements = (spec.attention.q_lora_rank or 0) + heads * qk_head_dim  # query (low-rank input)
+        elements += spec.attention.kv_lora_rank + (
+            spec.attention.qk_rope_head_dim or 0
+        )  # latent + rope key
+        elements += heads * qk_head_dim + heads * spec.attention.value_head_dim  # expanded K and V
+        return elements + heads * spec.attention.value_head_dim  # attention output
+    key_value = spec.attention.num_key_value_heads * (
+        spec.attention.head_dim + spec.attention.value_head_dim
+    )
+    return heads * spec.attention.head_dim + key_value + heads * spec.attention.value_head_dim
 
 
 def mlp_elements(spec: ModelSpec, inner: int) -> int:
-    return 3 * inner if spec.mlp_kind == "gated" else 2 * inner
+    return 3 * inner if spec.mlp.mlp_kind == "gated" else 2 * inner
 
 
 def moe_elements(spec: ModelSpec) -> int:
-    elements = spec.num_experts_per_tok * 3 * spec.moe_intermediate_size
-    if spec.num_shared_experts:
-        elements += 3 * spec.shared_expert_intermediate_size
+    elements = spec.mlp.num_experts_per_tok * 3 * spec.mlp.moe_intermediate_size
+    if spec.mlp.num_shared_experts:
+        elements += 3 * spec.mlp.shared_expert_intermediate_size
     return elements
 
 
@@ -140,7 +146,7 @@ def mamba_elements(spec: ModelSpec) -> int:
 
 
 def is_moe_layer(spec: ModelSpec, index: int) -> bool:
-    return bool(spec.num_experts and spec.moe_layers and spec.moe_layers[index])
+    return bool(spec.mlp.num_experts and spec.mlp.moe_layers and spec.mlp.moe_layers[index])
 
 
 def widest_elements(spec: ModelSpec) -> int:
@@ -151,11 +157,11 @@ def widest_elements(spec: ModelSpec) -> int:
         if is_moe_layer(spec, index):
             feed_forward = moe_elements(spec)
         else:
-            feed_forward = mlp_elements(spec, spec.intermediate_size)
+            feed_forward = mlp_elements(spec, spec.mlp.intermediate_size)
         widest = max(widest, mixer, feed_forward)
     if spec.is_encoder_decoder:
-        encoder_attention = 4 * spec.encoder_attention_heads * spec.encoder_head_dim
-        encoder_mlp = mlp_elements(spec, spec.encoder_intermediate_size)
+        encoder_attention = 4 * spec.encoder.encoder_attention_heads * spec.encoder.encoder_head_dim
+        encoder_mlp = mlp_elements(spec, spec.encoder.encoder_intermediate_size)
         widest = max(widest, encoder_attention, encoder_mlp)
     return widest
 
@@ -248,7 +254,7 @@ class ServingModel:
         growing, capped = 0, {}
         if spec.is_decoder:
             self_share = kv_share(spec, tensor_parallel)
-            heads = spec.num_attention_heads
+            heads = spec.attention.num_attention_heads
             cross_share = (-(-heads // tensor_parallel), heads)
             # At a length no window reaches, a sliding layer's cached tokens are its window.
             for layer in kv_cache_cost(spec, seq_len=SEARCH_LIMIT, kv_dtype=self.kv_dtype).layers:
@@ -329,7 +335,7 @@ def _is_lookup(spec: ModelSpec, group: WeightGroup) -> bool:
     """An embedding table read by lookup; a tied token table is also the LM head."""
     if group.role != "embedding":
         return False
-    width = spec.word_embed_proj_dim or spec.hidden_size
+    width = spec.norms.word_embed_proj_dim or spec.hidden_size
     tied_head = spec.tie_word_embeddings and spec.head_kind in ("lm", "masked_lm")
     return not (tied_head and group.out_features == spec.vocab_size * width)
 

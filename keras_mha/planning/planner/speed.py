@@ -82,7 +82,7 @@ def _attention_keys(spec, seq_len: int) -> tuple[int, int]:
     """(keys one new token attends to at a context of `seq_len`, keys all the positions
     of a prompt of `seq_len` tokens attend to), summed over the attention layers."""
     decode = prefill = 0
-    window = spec.sliding_window
+    window = spec.attention.sliding_window
     full_prompt = seq_len * (seq_len + 1) // 2 if spec.is_decoder else seq_len * seq_len
     for kind in spec.layer_kinds:
         if kind == "none":
@@ -101,7 +101,9 @@ def _attention_keys(spec, seq_len: int) -> tuple[int, int]:
 def _attention_width(spec) -> int:
     """`heads * (d + dv)`: a query does `2 * heads * (d + dv)` FLOPs per key it sees (the
     score and the weighted value, a multiply-add each). MLA counts its expanded heads."""
-    return spec.num_attention_heads * (spec.head_dim + spec.value_head_dim)
+    return spec.attention.num_attention_heads * (
+        spec.attention.head_dim + spec.attention.value_head_dim
+    )
 
 
 def _matmul_parameters(spec) -> tuple[int, int]:
@@ -110,7 +112,7 @@ def _matmul_parameters(spec) -> tuple[int, int]:
     active = counts.active if counts.active is not None else counts.total
     head = 0
     if spec.head_kind in ("lm", "masked_lm"):
-        head = spec.vocab_size * (spec.word_embed_proj_dim or spec.hidden_size)
+        head = spec.vocab_size * (spec.norms.word_embed_proj_dim or spec.hidden_size)
     # Embedding lookups and norms are not matrix products; the head is counted apart.
     blocks = active - counts.embeddings - counts.norms - counts.lm_head - counts.vision
     return max(blocks, 0), head
@@ -137,9 +139,9 @@ def speed_bounds(serving: ServingModel, gpu: GPU, *, batch: int, seq_len: int) -
     peak_dtype = "float8" if fp8 else gpu.compute_dtype
 
     expert_share = 1.0
-    if spec.num_experts:
-        expert_share = expected_experts(spec.num_experts, spec.num_experts_per_tok, batch)
-        expert_share /= spec.num_experts
+    if spec.mlp.num_experts:
+        expert_share = expected_experts(spec.mlp.num_experts, spec.mlp.num_experts_per_tok, batch)
+        expert_share /= spec.mlp.num_experts
     stage_bytes = []
     for stage in serving.stages:
         weights = stage.weights_bytes - stage.lookup_bytes
