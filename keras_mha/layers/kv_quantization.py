@@ -89,7 +89,9 @@ def quantize(x, kv_dtype, scale_dtype):
     """
     max_code = RUNTIME_QUANTIZED[kv_dtype].max_code
     x = ops.cast(x, "float32")
-    largest = ops.max(ops.abs(x), axis=-1, keepdims=True)
+    # amax: keras.ops.max breaks a torch.compile graph (an isinstance check), and a step
+    # compiled with tensor-only guards would then reuse a resumed frame of another dtype.
+    largest = ops.amax(ops.abs(x), axis=-1, keepdims=True)
     scale = ops.cast(largest / max_code, scale_dtype)
     stored = ops.cast(scale, "float32")
     scaled = x / ops.where(stored > 0, stored, 1.0)
@@ -147,7 +149,7 @@ def cache_bytes(cache):
 
     Example:
         >>> cache_bytes(kv_cache.QuantizedKVCache.zeros(1, 2, 8, 4, "int8", "float32"))
-        192
+        256
     """
     return sum(
         int(np.prod(buffer.shape)) * _ITEMSIZES[kv_cache.dtype_name(buffer.dtype)]

@@ -294,7 +294,7 @@ def test_a_one_line_text_of_tiny_sentences_is_scored_within_the_caps(sources, tm
     capsys.readouterr()
     arguments = ["prune", str(sources["encoder"]), "--target", "2", "--method", "taylor",
                  "--data", str(text), "--max-tokens", "256", "--out", str(tmp_path / "o"),
-                 "--latency-runs", "1"]  # fmt: skip
+                 "--latency-runs", "1", "--wide"]  # fmt: skip
     assert main(arguments) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("data:"))
     assert " tokens in 16 sentences, 2 batches; scoring took " in line
