@@ -330,7 +330,8 @@ def test_cache_must_match_the_layer():
     with pytest.raises(ValueError, match="same shape"):
         layer(x, cache=(good.key, ops.zeros((2, 2, 9, 4))), cache_index=0)
     for dtype in ("int32", "bfloat16"):
-        with pytest.raises(ValueError, match=rf"compute dtype 'float32'.*received '{dtype}'"):
+        expected = rf"'{dtype}' of a KV cache: expected None or the layer's compute dtype 'float32'"
+        with pytest.raises(ValueError, match=expected):
             layer.init_cache(2, 8, dtype=dtype)
     with pytest.raises(ValueError, match=r"query has 3 tokens.*max_length=2"):
         layer(x, cache=layer.init_cache(2, 2), cache_index=0)
@@ -513,7 +514,7 @@ def test_variable_cache_equals_functional_cache_and_full_pass():
     wrapped = [keras.Variable(np.zeros((2, 2, 12, 4), "float32"), trainable=False) for _ in "kv"]
     layer(x[:, :4], cache=tuple(wrapped), cache_index=0)
     np.testing.assert_allclose(wrapped[0].numpy()[:, :, :4], cache.key.numpy()[:, :, :4])
-    with pytest.raises(ValueError, match="both be variables"):
+    with pytest.raises(ValueError, match="must all be variables"):
         layer(x[:, :1], cache=(cache.key, functional.value), cache_index=4)
     with pytest.raises(ValueError, match="outside the traced function"):
         tf.function(lambda: layer.init_cache(2, 12, variables=True).key)()
