@@ -270,7 +270,7 @@ def test_two_h100s_hold_llama_70b_as_vllm_splits_it_by_hand():
     ]  # fmt: skip
     assert one.verdict == (
         "serving does not fit: the weights need 131.42 GiB per device, 71.68 GiB is usable; "
-        "it would fit in float8, int8 or int4 weights, or on 2x H100 80GB SXM"
+        "it would fit in float8 (plan only), int8 or int4 weights, or on 2x H100 80GB SXM"
     )
 
 

@@ -161,8 +161,8 @@ def quantization_overhead(groups: Sequence[WeightGroup], fmt: WeightsFormat) -> 
     Example:
         >>> from keras_mha.planning.planner.quantization import dtype_format
         >>> groups = [WeightGroup("mlp", "mlp", 256, 2, 1, (0,), "layer", "column")]
-        >>> quantization_overhead(groups, dtype_format("int4"))
-        8
+        >>> quantization_overhead(groups, dtype_format("int8"))  # a bfloat16 scale per column
+        4
     """
     overhead = 0
     for group in groups:

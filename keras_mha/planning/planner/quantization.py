@@ -32,9 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from keras_mha.planning.costs import KV_DTYPE_BITS
+from keras_mha.planning.weight_formats import PLANNER_FORMATS, weight_format
 
 PLAIN_DTYPES = ("float32", "bfloat16", "float16")
-GENERIC_DTYPES = ("float8", "int8", "int4")
+GENERIC_DTYPES = PLANNER_FORMATS
 # What `torch_dtype` / `dtype` may say, in transformers' spellings.
 TORCH_DTYPES = {
     "float32": "float32", "float": "float32", "torch.float32": "float32",
@@ -77,10 +78,14 @@ class WeightsFormat:
             activations); weight-only formats compute in 16 bits.
         from_checkpoint: read from the config (True) or asked for (`--weights-dtype`).
         notes: what the reading assumed or could not use.
+        runtime_mode: the `quantize=` mode that allocates exactly these bytes (generic
+            int8 / int4), else None.
+        plan_only: a generic format keras-mha's runtime cannot store (float8's 1-byte
+            weights); checkpoints' formats describe files and are never plan only.
 
     Example:
-        >>> dtype_format("int4").matrix_bytes(256, 2)  # 256 bytes + 2 rows x 2 scales x 2
-        264
+        >>> dtype_format("int4").matrix_bytes(256, 2)  # 256 + 4 scales x 3 + 256 g_idx x 4
+        1292
     """
 
     id: str
@@ -93,6 +98,8 @@ class WeightsFormat:
     fp8_compute: bool = False
     from_checkpoint: bool = False
     notes: tuple[str, ...] = ()
+    runtime_mode: str | None = None
+    plan_only: bool = False
 
     @property
     def is_quantized(self) -> bool:
@@ -115,34 +122,41 @@ class WeightsFormat:
             "fp8_compute": self.fp8_compute,
             "from_checkpoint": self.from_checkpoint,
             "notes": list(self.notes),
+            "runtime_mode": self.runtime_mode,
+            "plan_only": self.plan_only,
         }
 
 
 def dtype_format(dtype: str, *, from_checkpoint: bool = False, notes=()) -> WeightsFormat:
     """The format of `--weights-dtype DTYPE`: every weight in a plain dtype, or the generic
-    weight-only int8 / int4 (a float16 scale per 128 input features of each output row) and
-    float8 (a float32 scale per 128x128 block) of the block matrices.
+    int8 / int4 / float8 of the block matrices as `keras_mha.planning.weight_formats`
+    describes them (int8 and int4: Keras's, what `model.quantize` allocates; float8: 1-byte
+    weights, a float32 scale per 128x128 block, plan only), the rest in bfloat16.
 
     Example:
         >>> dtype_format("float8").matrix_bytes(128, 256)  # 32,768 weights + 2 scales
         32776
+        >>> dtype_format("int8").matrix_bytes(128, 256)  # 32,768 weights + 256 scales
+        33280
     """
     bits = KV_DTYPE_BITS[dtype]
     if dtype in PLAIN_DTYPES:
         return WeightsFormat(dtype, f"{dtype} weights", None, bits, dtype, frozenset(),
                              lambda size_in, size_out: 0, from_checkpoint=from_checkpoint,
                              notes=tuple(notes))  # fmt: skip
-    if dtype == "float8":
-        return WeightsFormat(
-            "float8", "float8 weights, float32 scale per 128x128 block", None, 8,
-            DEFAULT_DTYPE, BLOCK_ROLES, _fp8_block(128, 128, 4), fp8_compute=True,
-        )  # fmt: skip
+    scheme = weight_format(dtype)
     return WeightsFormat(
-        dtype, f"{dtype} weights, float16 scale per 128 inputs", None, bits, DEFAULT_DTYPE,
+        dtype,
+        scheme.label + (" (plan only)" if scheme.plan_only else ""),
+        None,
+        bits,
+        DEFAULT_DTYPE,
         BLOCK_ROLES,
-        lambda size_in, size_out: _ceil(size_in * size_out * bits, 8)
-        + size_out * _ceil(size_in, 128) * 2,
-    )  # fmt: skip
+        lambda size_in, size_out: scheme.matrix_bytes(size_in, size_out, DEFAULT_DTYPE),
+        fp8_compute=dtype == "float8",
+        runtime_mode=scheme.runtime_mode,
+        plan_only=scheme.plan_only,
+    )
 
 
 # -- the rules ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from keras_mha import moved_paths
 from keras_mha.planning.kv_formats import kv_format
+from keras_mha.planning.weight_formats import PLANNER_FORMATS, weight_format
 from keras_mha.planning.render.formatting import (
     format_bandwidth,
     format_bytes,
@@ -109,7 +110,9 @@ def verdict(fits: dict) -> str:
         )
     found = fits.get("suggestions", [])
     dtypes = [
-        item["weights_dtype"] for item in found if item["weights_dtype"] != fits["weights_dtype"]
+        item["weights_dtype"] + (" (plan only)" if _plan_only(item["weights_dtype"]) else "")
+        for item in found
+        if item["weights_dtype"] != fits["weights_dtype"]
     ]
     alternatives = [f"in {_either(dtypes)} weights"] if dtypes else []
     alternatives += [suggestion_text(item, fits) for item in found if item["weights_dtype"]
@@ -117,6 +120,10 @@ def verdict(fits: dict) -> str:
     if alternatives:
         text += f"; it would fit {_either(alternatives, ', or ')}"
     return text
+
+
+def _plan_only(weights_dtype: str) -> bool:
+    return weights_dtype in PLANNER_FORMATS and weight_format(weights_dtype).plan_only
 
 
 def _either(items: list[str], last: str = " or ") -> str:
@@ -186,8 +193,10 @@ _WEIGHT_PARTS = (
     ("other", "other"),
 )
 QUANTIZATION_NOTE = (
-    "int8/int4: a float16 scale per 128 inputs of each row; float8: a float32 scale per "
-    "128x128 block; embeddings, norms, biases, routers and the LM head stay bfloat16."
+    "int8: a scale per output column; int4: a scale and a zero point per 128 inputs of each "
+    "column (Keras's schemes: the bytes model.quantize allocates); float8: a float32 scale "
+    "per 128x128 block, plan only (Keras's float8 keeps float kernels); embeddings, norms, "
+    "biases, routers and the LM head stay bfloat16."
 )
 
 
