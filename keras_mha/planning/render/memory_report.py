@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from keras_mha import moved_paths
 from keras_mha.planning.kv_formats import kv_format
-from keras_mha.planning.weight_formats import PLANNER_FORMATS, weight_format
 from keras_mha.planning.render.formatting import (
     format_bandwidth,
     format_bytes,
@@ -25,6 +24,7 @@ from keras_mha.planning.render.formatting import (
     format_seconds,
 )
 from keras_mha.planning.render.text import UNLIMITED, aligned, wrap
+from keras_mha.planning.weight_formats import PLANNER_FORMATS, weight_format
 
 # -- the verdict ----------------------------------------------------------------------------------
 
