@@ -11,6 +11,11 @@ Pass `filters=` to choose other layers (Keras's regex or callable).
 `from_pretrained(..., quantize=mode)` quantizes the same layers while it loads: each
 layer as soon as its last tensor is in (`quantizes_on_load`).
 
+The modes and the Keras config each runs with come from
+`keras_mha.planning.weight_formats`, the description the planner counts bytes by: int4
+asks Keras for its blocks of 128 inputs explicitly (`keras_config`), whatever Keras's
+default.
+
 Example:
     >>> [name for name in QUANTIZED_LAYERS][:2]
     ['attention', 'gate_proj']
@@ -19,6 +24,7 @@ Example:
 from __future__ import annotations
 
 from keras_mha.errors import UsageError
+from keras_mha.planning.weight_formats import RUNTIME_FORMATS, runtime_format
 
 #: Layer names, inside a block, whose weights `quantize` quantizes by default.
 QUANTIZED_LAYERS = (
@@ -31,7 +37,7 @@ QUANTIZED_LAYERS = (
 )
 #: The modes `from_pretrained(quantize=...)` and `bench model --quantize` take: those that
 #: need no calibration data (GPTQ and AWQ need it: `model.quantize("gptq", config=...)`).
-LOAD_MODES = ("int8", "int4", "float8")
+LOAD_MODES = tuple(RUNTIME_FORMATS)
 
 
 def is_quantized_by_default(layer) -> bool:
@@ -66,14 +72,38 @@ def check_mode(mode, argument="quantize"):
     )
 
 
+def keras_config(mode):
+    """The Keras quantization config `mode` runs with by default: int4's block size from
+    `weight_formats`, None for the other modes (and on a Keras without
+    `Int4QuantizationConfig`, whose int4 is per column).
+
+    Example:
+        >>> keras_config("int4").block_size, keras_config("int8")
+        (128, None)
+    """
+    import keras
+
+    block_size = runtime_format(mode).block_size if mode in RUNTIME_FORMATS else None
+    config_class = getattr(keras.quantizers, "Int4QuantizationConfig", None)
+    if block_size is None or config_class is None:
+        return None
+    return config_class(block_size=block_size)
+
+
 class QuantizeBlocks:
     """Mixin of the models: `quantize` defaults to the blocks' matrices (see above)."""
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
-        """Keras's `Model.quantize`; `filters=None` means the blocks' attention and MLP."""
+        """Keras's `Model.quantize`; `filters=None` means the blocks' attention and MLP,
+        `config=None` the config of `keras_config(mode)`."""
         if filters is None:
             filters = is_quantized_by_default
-        return super().quantize(mode, config=config, filters=filters, **kwargs)
+        if config is None:
+            config = keras_config(mode)
+        from keras_mha.layers.quantization import cheap_collections
+
+        with cheap_collections():
+            return super().quantize(mode, config=config, filters=filters, **kwargs)
 
 
 __all__ = [
@@ -82,4 +112,5 @@ __all__ = [
     "QuantizeBlocks",
     "check_mode",
     "is_quantized_by_default",
+    "keras_config",
 ]

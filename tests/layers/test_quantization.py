@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_mha.errors import PruningError
 from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, copy_weights_from_keras
+from keras_mha.layers.quantization import PROJECTIONS
 
 BACKEND = keras.backend.backend()
 MODES = ("int8", "int4", "float8")
@@ -119,3 +120,15 @@ def test_a_second_quantize_is_refused():
     layer.quantize("int8")
     with pytest.raises(ValueError, match="already quantized"):
         layer.quantize("int4")
+
+
+def test_quantize_frees_the_float_kernels():
+    # `quantize` runs under `cheap_collections` (Keras's per-variable gc.collect made
+    # cheap by gc.freeze); the float kernels must still go, on every backend.
+    import weakref
+
+    layer = GroupedQueryAttention(4, 2, head_dim=8)
+    layer.build((None, None, 32))
+    kernels = [weakref.ref(getattr(layer, f"{name}_kernel")) for name in PROJECTIONS]
+    layer.quantize("int8")
+    assert [kernel() for kernel in kernels] == [None] * 4

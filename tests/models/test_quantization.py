@@ -116,21 +116,59 @@ def test_quantized_checkpoints_are_refused_in_one_line(llama, tmp_path, method):
     assert "\n" not in str(error.value)
 
 
-def test_int8_minilm_variable_bytes_match_the_plan():
-    # The planner's generic int8 keeps everything but the block matrices in bfloat16.
-    import json
-
-    import ml_dtypes
-
-    import keras_mha
-
-    directory = minilm_directory()
-    config = json.loads((directory / "config.json").read_text())
-    planned = keras_mha.plan(config, weights_dtype="int8").to_dict()["memory"]["weights_bytes"]
-    model = from_pretrained(directory, dtype="bfloat16", quantize="int8")
-    itemsize = {"bfloat16": ml_dtypes.bfloat16}
-    actual = sum(
-        int(np.prod(v.shape)) * np.dtype(itemsize.get(str(v.dtype), str(v.dtype))).itemsize
-        for v in model.variables
+def _variable_bytes(variables):
+    # np.dtype does not know "bfloat16" by name.
+    return sum(
+        int(np.prod(v.shape))
+        * (2 if str(v.dtype) == "bfloat16" else np.dtype(str(v.dtype)).itemsize)
+        for v in variables
     )
-    assert abs(actual / planned["int8"] - 1) < 0.02
+
+
+@pytest.mark.parametrize(
+    ("mode", "block_size"),
+    [("int8", None), ("int4", None), ("int4", -1), ("int4", 64), ("float8", None)],
+)
+def test_keras_allocates_the_bytes_weight_formats_states(mode, block_size):
+    # One description, read by the planner: Keras's Dense (which every quantized attention
+    # projection is) against `weight_formats` on a shape whose blocks and columns are uneven.
+    from keras_mha.models.quantize import keras_config
+    from keras_mha.planning.weight_formats import runtime_format
+
+    dense = keras.layers.Dense(301, use_bias=False, dtype="bfloat16")
+    dense.build((None, 260))
+    config = keras_config(mode)
+    if block_size is not None:
+        config = keras.quantizers.Int4QuantizationConfig(block_size=block_size)
+    dense.quantize(mode, config=config)
+    expected = runtime_format(mode, block_size).matrix_bytes(260, 301, "bfloat16")
+    assert _variable_bytes(dense.variables) == expected
+
+
+# Bundled cards scaled down (`bench model`'s scaling; one block, as every block is alike,
+# and a 512-token vocabulary, so that the quantized matrices are most of the bytes): GQA
+# with q/k norms and a separate LM head, and an encoder.
+PLANNED_CARDS = ("Qwen/Qwen3-8B", "google-bert/bert-base-uncased")
+
+
+@pytest.mark.parametrize("card", PLANNED_CARDS)
+def test_quantized_model_variable_bytes_are_the_plans(card):
+    import keras_mha
+    from benchmarks.models import scaled_config
+    from keras_mha.hub import load_config
+    from keras_mha.models import build_model
+    from keras_mha.planning.spec import from_config
+
+    config = scaled_config(dict(load_config(f"bundled:{card}").config), 16)
+    config.update(vocab_size=512, num_hidden_layers=1)
+    pooler = 0
+    if config["model_type"] == "bert":  # the planner counts a pooler the encoder does not build
+        pooler = 2 * (config["hidden_size"] ** 2 + config["hidden_size"])
+    for mode in ("int8", "int4"):
+        model = build_model(from_config(config), dtype="bfloat16", initializer="zeros")
+        model.quantize(mode)
+        planned = keras_mha.plan(config, weights_dtype=mode).to_dict()["memory"]
+        assert not planned["weights_format"]["plan_only"]
+        assert planned["weights_format"]["runtime_mode"] == mode
+        expected = planned["weights_bytes"][mode] - pooler
+        assert abs(_variable_bytes(model.variables) / expected - 1) < 0.02, (card, mode)
