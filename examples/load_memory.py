@@ -17,10 +17,16 @@ the model's own variables are 1x, anything above is transient (the import of the
 model code, one tensor's transposing copy, the backend's work while creating the
 variables). The target is < 1.5x. `held_after_load` is the RSS once loading returned.
 
+With `--quantize int8` (or `int4`, `float8`), each backend runs two processes instead:
+`from_pretrained(folder, quantize=mode)`, which quantizes layer by layer while loading,
+and `from_pretrained(folder)` followed by `model.quantize(mode)`; both peaks are read the
+same way (docs/guides/quantization.md).
+
 Run (all three backends, one process each; about a minute on 2 cores):
 
     python examples/load_memory.py
     python examples/load_memory.py --backends jax --json
+    python examples/load_memory.py --backends torch --quantize int8
 """
 
 from __future__ import annotations
@@ -63,18 +69,28 @@ def _reset_peak() -> bool:
     return _status_bytes("VmHWM") <= _status_bytes("VmRSS") + (1 << 20)
 
 
-def measure(folder: str) -> dict:
-    """Load `folder` on the current backend and return the memory figures (this process)."""
-    import keras
-
+def _load(folder: str, quantize: str | None, how: str):
     from keras_mha.models import from_pretrained
+
+    if how == "while loading":
+        return from_pretrained(folder, quantize=quantize)
+    model = from_pretrained(folder)
+    if quantize is not None:
+        model.quantize(quantize)
+    return model
+
+
+def measure(folder: str, quantize: str | None = None, how: str = "after") -> dict:
+    """Load `folder` on the current backend and return the memory figures (this process):
+    in float, or quantized `how` = "while loading" or "after" (module docstring)."""
+    import keras
 
     size = sum(path.stat().st_size for path in Path(folder).glob("*.safetensors"))
     keras.ops.convert_to_numpy(keras.ops.zeros((1,)) + 1)  # the backend has started
     baseline = _status_bytes("VmRSS")
     reset = _reset_peak()
     start = time.perf_counter()
-    model = from_pretrained(folder)
+    model = _load(folder, quantize, how)
     seconds = time.perf_counter() - start
     if reset:
         peak = _status_bytes("VmHWM")
@@ -83,6 +99,7 @@ def measure(folder: str) -> dict:
     after = _status_bytes("VmRSS")
     return {
         "backend": keras.backend.backend(),
+        "quantize": quantize and f"{quantize}, {how}",
         "checkpoint_bytes": size,
         "parameters": model.count_params(),
         "baseline_rss_bytes": baseline,
@@ -95,7 +112,7 @@ def measure(folder: str) -> dict:
     }
 
 
-def run_backend(backend: str, folder: str) -> dict:
+def run_backend(backend: str, folder: str, quantize=None, how="after") -> dict:
     """`measure` in a fresh process for `backend` (each backend's memory on its own)."""
     environment = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
     root = str(Path(__file__).resolve().parent.parent)
@@ -103,7 +120,8 @@ def run_backend(backend: str, folder: str) -> dict:
         p for p in (root, environment.get("PYTHONPATH")) if p
     )
     completed = subprocess.run(
-        [sys.executable, __file__, "--measure", folder],
+        [sys.executable, __file__, "--measure", folder]
+        + (["--quantize", quantize, "--how", how] if quantize else []),
         env=environment,
         capture_output=True,
         text=True,
@@ -115,17 +133,21 @@ def run_backend(backend: str, folder: str) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def _label(result: dict) -> str:
+    return result["backend"] + (f" ({result['quantize']})" if result["quantize"] else "")
+
+
 def table(results: list[dict]) -> str:
     mb = 1 / 1e6
     lines = [
         f"checkpoint: {results[0]['checkpoint_bytes'] * mb:.0f} MB float32 safetensors, "
         f"{results[0]['parameters']:,} parameters; target peak < {TARGET}x",
-        f"{'backend':<11} {'baseline':>9} {'peak above':>11} {'peak/ckpt':>10} "
+        f"{'backend':<22} {'baseline':>9} {'peak above':>11} {'peak/ckpt':>10} "
         f"{'held/ckpt':>10} {'load':>7}  peak read from",
     ]
     for r in results:
         lines.append(
-            f"{r['backend']:<11} {r['baseline_rss_bytes'] * mb:>6.0f} MB "
+            f"{_label(r):<22} {r['baseline_rss_bytes'] * mb:>6.0f} MB "
             f"{(r['peak_rss_bytes'] - r['baseline_rss_bytes']) * mb:>8.0f} MB "
             f"{r['peak_increase_over_checkpoint']:>9.2f}x "
             f"{r['held_after_load_over_checkpoint']:>9.2f}x {r['load_seconds']:>6.1f}s  "
@@ -138,14 +160,23 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--quantize", choices=("int8", "int4", "float8"), help="quantized, two ways (above)"
+    )
     parser.add_argument("--measure", metavar="FOLDER", help=argparse.SUPPRESS)
+    parser.add_argument("--how", default="after", help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.measure:
-        print(json.dumps(measure(arguments.measure)))
+        print(json.dumps(measure(arguments.measure, arguments.quantize, arguments.how)))
         return []
+    ways = ("while loading", "after") if arguments.quantize else ("after",)
     with tempfile.TemporaryDirectory() as folder:
         subprocess.run([sys.executable, "-c", WRITE_CHECKPOINT, folder], check=True)
-        results = [run_backend(backend, folder) for backend in arguments.backends]
+        results = [
+            run_backend(backend, folder, arguments.quantize, how)
+            for backend in arguments.backends
+            for how in ways
+        ]
     print(json.dumps(results, indent=2) if arguments.json else table(results))
     return results
 

@@ -1,4 +1,4 @@
-"""int8 and float8 KV caches against the float cache, on a small decoder trained here.
+"""Quantized weights and KV caches against float, on a small decoder trained here.
 
 The task makes the next token depend on what attention reads from the cache: each row is
 a random 5-token pattern repeated (token t equals token t - 5), so after the first period
@@ -10,7 +10,10 @@ a model that attends one period back predicts every token. The script
    perplexity of 256 held-out rows run through a KV cache of that dtype (positions after
    the first period), the share of 24 greedy `generate` tokens that equal the float
    cache's, and the cache's bytes against what the planner states for that KV dtype;
-3. prints a markdown table (docs/guides/quantization.md shows one run), and with
+3. measures the same for each weight mode (`int8`, `int4` per column, `int4` in blocks of
+   128 inputs, `float8`: a copy of the model through `model.quantize`), with the float
+   cache and with an int8 one, against the float model, and the weights' bytes;
+4. prints markdown tables (docs/guides/quantization.md shows one run), and with
    `--save-weights` keeps the trained weights (tests/models/pattern_decoder.npz is this
    file, which the test of `generate(..., kv_cache_dtype=...)` loads).
 
@@ -46,6 +49,13 @@ CONFIG = {
     "tie_word_embeddings": False,
 }
 KV_DTYPES = (None, "int8", "float8_e4m3fn")
+# (label, `quantize` mode, int4 block size): Keras's modes as keras-mha runs them.
+WEIGHT_MODES = (
+    ("int8", "int8", None),
+    ("int4 per column", "int4", -1),
+    ("int4, block 128", "int4", 128),
+    ("float8 (Keras's)", "float8", None),
+)
 
 
 def patterns(count, seed):
@@ -109,6 +119,58 @@ def measure(model):
     return rows
 
 
+def quantized_copy(model, mode, block_size):
+    """A copy of `model` quantized by `model.quantize(mode)` (int4 with `block_size`)."""
+    copy = build_model(from_config(CONFIG))
+    copy.set_weights(model.get_weights())
+    config = None
+    if block_size is not None:
+        config = keras.quantizers.Int4QuantizationConfig(block_size=block_size)
+    copy.quantize(mode, config=config)
+    return copy
+
+
+def variable_bytes(model):
+    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in model.variables)
+
+
+def measure_weights(model):
+    """One row per weight mode and KV cache (float, int8): perplexity and greedy agreement
+    with the float model on its float cache, and the weights' bytes."""
+    held_out = patterns(256, seed=1)
+    prompts = held_out[:32, : 2 * PERIOD]
+    float_tokens = generate(model, prompts, 24)[:, 2 * PERIOD :]
+    rows = []
+    copies = [("float32", model)]
+    copies += [(label, quantized_copy(model, mode, size)) for label, mode, size in WEIGHT_MODES]
+    for label, copy in copies:
+        for kv_dtype in (None, "int8"):
+            tokens = generate(copy, prompts, 24, kv_cache_dtype=kv_dtype)[:, 2 * PERIOD :]
+            rows.append(
+                {
+                    "weights": label,
+                    "kv_dtype": kv_dtype or "float32",
+                    "perplexity": cached_perplexity(copy, held_out, kv_dtype),
+                    "greedy_agreement": float((tokens == float_tokens).mean()),
+                    "weights_bytes": variable_bytes(copy),
+                }
+            )
+    return rows
+
+
+def weights_markdown(rows):
+    lines = [
+        "| weights | KV cache | perplexity | greedy tokens = float's | weights bytes |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['weights']} | {row['kv_dtype']} | {row['perplexity']:.4f} | "
+            f"{row['greedy_agreement']:.1%} | {row['weights_bytes']:,} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows):
     lines = [
         "| KV cache | perplexity | greedy tokens = float's | cache bytes (1,024 tokens) "
@@ -135,6 +197,8 @@ def main(argv=None):
         np.savez_compressed(arguments.save_weights, **weights)
     print(f"backend {keras.backend.backend()}")
     print(markdown(measure(model)))
+    print()
+    print(weights_markdown(measure_weights(model)))
 
 
 if __name__ == "__main__":

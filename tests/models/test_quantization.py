@@ -172,3 +172,14 @@ def test_quantized_model_variable_bytes_are_the_plans(card):
         assert planned["weights_format"]["runtime_mode"] == mode
         expected = planned["weights_bytes"][mode] - pooler
         assert abs(_variable_bytes(model.variables) / expected - 1) < 0.02, (card, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_quantized_generate_under_torch_compile_equals_eager(llama):
+    # Keras's quantized Dense calls (int8 activations, int8 matmul) traced by torch.compile.
+    model = from_pretrained(llama.directory, quantize="int8")
+    prompt = llama.token_ids[:1, :5].astype("int32")
+    np.testing.assert_array_equal(
+        generate(model, prompt, 4, compile_torch=True), generate(model, prompt, 4)
+    )
