@@ -60,9 +60,7 @@ def test_the_faster_count_is_kept_and_torchs_own_restored(two_threads, seconds, 
     assert torch.get_num_threads() == 2
 
 
-def test_a_plainly_slower_count_is_dropped_at_once_and_timed_again_later(
-    two_threads, monkeypatch
-):
+def test_a_plainly_slower_count_is_dropped_at_once_and_timed_again_later(two_threads, monkeypatch):
     from keras_mha.backends.torch import threads as module
 
     monkeypatch.setattr(module, "RECHECK_STEPS", 4)
