@@ -179,6 +179,13 @@ class DecoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
             hidden = hidden + run(self.position_embedding, positions)
         return hidden
 
+    def block_inputs(self, token_ids):
+        """The first block's input for `token_ids` (no padding)."""
+        positions = None
+        if self.position_embedding is not None:
+            positions = self.positions(None, ops.shape(token_ids)[1])
+        return self.embed(token_ids, positions)
+
     @staticmethod
     def positions(padding_mask, length):
         """`(B, T)` positions of the real tokens: `cumsum(mask) - 1` (padding at 0), or

@@ -138,6 +138,17 @@ class EncoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
 
     def call(self, inputs, training=None):
         token_ids, padding_mask, segment_ids = unpack_inputs(inputs, allow_segments=True)
+        hidden = self.embed(token_ids, segment_ids)
+        attention_mask = None
+        if padding_mask is not None:
+            attention_mask = ops.cast(padding_mask, "bool")[:, None, :]
+        for block in self.blocks:
+            hidden = block(hidden, attention_mask=attention_mask)
+        return hidden
+
+    def embed(self, token_ids, segment_ids=None):
+        """The normalised sum of token, position and segment embeddings: the first
+        block's input."""
         if segment_ids is None:
             segment_ids = ops.zeros_like(token_ids)
         hidden = (
@@ -145,13 +156,11 @@ class EncoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
             + self.position_embedding(self.positions(token_ids))
             + self.token_type_embedding(segment_ids)
         )
-        hidden = self.embeddings_norm(hidden)
-        attention_mask = None
-        if padding_mask is not None:
-            attention_mask = ops.cast(padding_mask, "bool")[:, None, :]
-        for block in self.blocks:
-            hidden = block(hidden, attention_mask=attention_mask)
-        return hidden
+        return self.embeddings_norm(hidden)
+
+    def block_inputs(self, token_ids):
+        """The first block's input for `token_ids` (one segment, no padding)."""
+        return self.embed(token_ids)
 
     def positions(self, token_ids):
         """`(B, T)` position ids (see the class docstring)."""

@@ -336,7 +336,7 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
     return bound
 
 
-def load_weights(model, checkpoint_dir, *, quantize=None) -> dict[str, str]:
+def load_weights(model, checkpoint_dir, *, quantize=None, config=None) -> dict[str, str]:
     """Fill `model` from a safetensors checkpoint; checked first, then one tensor at a time.
 
     Each tensor is read from the file into one aligned array, converted to the model's
@@ -356,12 +356,18 @@ def load_weights(model, checkpoint_dir, *, quantize=None) -> dict[str, str]:
         `{variable path: hub tensor name}` for every variable filled.
 
     Raises:
-        CheckpointError: no safetensors, a missing or unexpected tensor, or a shape that
-            disagrees with the config; the model is left untouched then.
+        CheckpointError: no safetensors, a missing or unexpected tensor, a shape that
+            disagrees with the config, or fp8 weights and scales that do not pair up; the
+            model is left untouched then.
+        UnsupportedModelError: a quantized format other than fp8 blocks.
     """
-    from keras_mha.models.deferred import fill, initialize_rest
+    import keras
 
-    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
+    from keras_mha.models.deferred import fill, initialize_rest
+    from keras_mha.models.quantized_checkpoints import open_checkpoint
+
+    dtype = keras.backend.standardize_dtype(model.variable_dtype)
+    checkpoint = open_checkpoint(checkpoint_dir, config or {}, str(checkpoint_dir), dtype)
     names = model_weight_names(model)
     bound = _check_and_bind(model, names, checkpoint, checkpoint.describe())
     # Largest first: a tensor whose layout differs is copied once while being converted,
@@ -456,18 +462,6 @@ def _return_freed_memory():
         pass
 
 
-def _refuse_quantized_checkpoint(config: dict, source: str) -> None:
-    """One line naming a checkpoint's quantization format, which this loader cannot read."""
-    quantization = config.get("quantization_config")
-    if not isinstance(quantization, dict):
-        return
-    method = shown(quantization.get("quant_method", "unknown"))
-    raise UnsupportedModelError(
-        f"{source}: quantization_config.quant_method={method}: keras-mha loads float "
-        "checkpoints only; load the float release and pass quantize='int8', 'int4' or 'float8'"
-    )
-
-
 def from_pretrained(
     source,
     *,
@@ -489,7 +483,9 @@ def from_pretrained(
             device computes it well (see `choose_dtype`), else float32.
         quantize: None, or `"int8"`, `"int4"`, `"float8"`: quantize the blocks'
             attention and MLP layers while loading, layer by layer, as `model.quantize`
-            would (`keras_mha.models.quantize`; docs/guides/quantization.md).
+            would (`keras_mha.models.quantize`; docs/guides/quantization.md). An fp8
+            block-scaled checkpoint (`quantization_config.quant_method="fp8"`) is
+            dequantized into `dtype` as it loads, then quantized as a float one.
         revision: Hub branch, tag or commit (Hub ids only).
         token: Hub token; None uses the stored login / `HF_TOKEN`.
         endpoint: Hub endpoint; None uses `HF_ENDPOINT`.
@@ -508,7 +504,9 @@ def from_pretrained(
             elsewhere).
         ConfigError: a config value that cannot be read.
         UnsupportedModelError: a family or feature keras_mha.models does not build; a
-            quantized checkpoint (fp8 blocks, GPTQ, AWQ, bitsandbytes, compressed-tensors).
+            quantized checkpoint other than fp8 blocks (GPTQ, AWQ, bitsandbytes,
+            compressed-tensors: one line naming the format and what to do), or fp8 with
+            static activation scales.
         UsageError: `source`, `dtype` or `quantize` is not one of the values expected.
 
     Warns:
@@ -522,6 +520,7 @@ def from_pretrained(
     from keras_mha.hub.config import read_config_file
     from keras_mha.models.deferred import deferred_variables
     from keras_mha.models.quantize import check_mode
+    from keras_mha.models.quantized_checkpoints import open_checkpoint
     from keras_mha.planning.spec import from_config
 
     check_mode(quantize)
@@ -533,13 +532,14 @@ def from_pretrained(
     directory = _local_directory(source, revision)
     if directory is not None:
         config = read_config_file(directory / "config.json", described_as=str(directory))
-        SafetensorsCheckpoint(directory)  # a folder without safetensors fails before building
     else:
         hub = {"endpoint": endpoint, "offline": offline}
         if timeout is not None:
             hub["timeout"] = timeout
         config, directory = _hub_checkpoint(source, revision, token, hub)
-    _refuse_quantized_checkpoint(config, source)
+    # Checked from the headers before building: no safetensors, a quantized format other
+    # than fp8 blocks, or fp8 weights and scales that do not pair up.
+    open_checkpoint(directory, config, source)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown families are refused below, by name
         try:
@@ -549,7 +549,7 @@ def from_pretrained(
     # Built without memory: each variable is created from its checkpoint tensor.
     with deferred_variables() as pending:
         model = build_model(spec, dtype=choose_dtype(config, dtype), initializer="zeros")
-    load_weights(model, directory, quantize=quantize)
+    load_weights(model, directory, quantize=quantize, config=config)
     pending.initialize_rest()  # anything the model's variable list does not reach
     # save_pretrained copies the tokenizer files from here.
     model.source_directory = str(directory)

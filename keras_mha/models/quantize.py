@@ -90,23 +90,75 @@ def keras_config(mode):
     return config_class(block_size=block_size)
 
 
+#: The modes Keras calibrates block by block on data (`Model.quantize(mode, config=...)`).
+CALIBRATED_MODES = ("gptq", "awq")
+
+
+def _awaiting_calibration(layer, mode) -> bool:
+    """Whether `layer` was put in `mode` ("gptq", "awq") and waits for its calibration.
+
+    An attention layer's `quantize` makes its projections such `Dense` layers; their
+    names (`query_dense`, ...) match no filter that chose the attention, so Keras's
+    calibration pass must be let through to them or they stay uncalibrated.
+    """
+    return (
+        layer.quantization_mode == mode and getattr(layer, f"is_{mode}_calibrated", True) is False
+    )
+
+
 class QuantizeBlocks:
-    """Mixin of the models: `quantize` defaults to the blocks' matrices (see above)."""
+    """Mixin of the models: `quantize` defaults to the blocks' matrices (see above), and
+    GPTQ / AWQ calibrate the blocks in order (`get_quantization_layer_structure`)."""
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras's `Model.quantize`; `filters=None` means the blocks' attention and MLP,
-        `config=None` the config of `keras_config(mode)`."""
+        `config=None` the config of `keras_config(mode)`.
+
+        For `"gptq"` and `"awq"` the filter also lets through the projections an attention
+        layer made for that mode (see `_awaiting_calibration`).
+        """
         if filters is None:
             filters = is_quantized_by_default
         if config is None:
             config = keras_config(mode)
+        calibrated = mode if mode is not None else getattr(config, "mode", None)
+        if calibrated in CALIBRATED_MODES:
+            chosen = filters
+
+            def filters(layer):
+                return _awaiting_calibration(layer, calibrated) or _matches(layer, chosen)
+
         from keras_mha.layers.quantization import cheap_collections
 
         with cheap_collections():
             return super().quantize(mode, config=config, filters=filters, **kwargs)
 
+    def get_quantization_layer_structure(self, mode=None):
+        """The layout Keras's GPTQ and AWQ calibrate: the embeddings, then each block.
+
+        `pre_block_layers` turns calibration token ids into the first block's input
+        (`block_inputs`: embeddings, Gemma's scale, learned positions); each of
+        `sequential_blocks` is then run on the previous one's output, its `Dense`
+        layers (the attention's projections and the MLP) calibrated on their inputs.
+        """
+        if mode not in CALIBRATED_MODES:
+            return None
+        return {"pre_block_layers": [self.block_inputs], "sequential_blocks": list(self.blocks)}
+
+
+def _matches(layer, filters) -> bool:
+    """Keras's `should_quantize_layer`: a regex, a list of them, or a callable."""
+    import re
+
+    if isinstance(filters, str):
+        return bool(re.search(filters, layer.name))
+    if isinstance(filters, (list, tuple)):
+        return any(re.search(pattern, layer.name) for pattern in filters)
+    return bool(filters(layer))
+
 
 __all__ = [
+    "CALIBRATED_MODES",
     "LOAD_MODES",
     "QUANTIZED_LAYERS",
     "QuantizeBlocks",
