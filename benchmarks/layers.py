@@ -372,7 +372,7 @@ def _layer_call_step(layer, options):
     compiled as `backends.compile_step` compiles the reference; a cache of variables
     (TensorFlow) stays the state, written in place."""
     from benchmarks import backends
-    from keras_mha.layers.kv_cache import all_in_place
+    from keras_mha.backends.common.kv_cache import all_in_place
 
     def step(params, token, cache, index):
         return layer(token, cache=cache, cache_index=index)

@@ -42,6 +42,9 @@ MOVED_MODULES = {
     # Library code that lived in the command-line folder; `commands/` is the CLI only now.
     "keras_mha.commands.prune_data": "keras_mha.data.text",
     "keras_mha.commands.progress": "keras_mha.progress",
+    # The KV cache's records and writes sit below the layers with the other tensor-level
+    # pieces every backend shares (`KVCache` itself is what `init_cache` returns).
+    "keras_mha.layers.kv_cache": "keras_mha.backends.common.kv_cache",
 }  # fmt: skip
 
 # module -> {name: the module that holds it now}

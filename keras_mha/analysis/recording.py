@@ -12,7 +12,7 @@ While recording, the layers take the generic (non-fused) path, as with
 decode fast path is not taken either. Outputs are unchanged (to float round-off).
 Call the model eagerly (`model(inputs)`): inside `jax.jit`, `tf.function` or
 `torch.compile` (as `predict` and `fit` run it) the probabilities are not values yet,
-and recording refuses them. The layer side is `keras_mha.layers.attention_probe`.
+and recording refuses them. The layer side is `keras_mha.backends.common.attention_probe`.
 
 Example:
     >>> entropy = {}
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 
-from keras_mha.layers.attention_probe import recording
+from keras_mha.backends.common.attention_probe import recording
 from keras_mha.pruning.discovery import require_attention_layers
 
 

@@ -19,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import NamedTuple
 
 import keras
 
@@ -30,20 +32,20 @@ INTERFACE = (
     "layer_call",  # GroupedQueryAttention.__call__: a decode call without Keras's, or None
     "eager_step",  # GroupedQueryAttention.call: an eager decode step, or None
     "gates_are_ones",  # GroupedQueryAttention._output: skip multiplying by 1
-    "eager_calls",  # generate's eager leaf-layer calls (models.direct_calls), or None
+    "eager_calls",  # generate's eager leaf-layer kernels (an `EagerKernels`), or None
     "variable_caches",  # bool: generate keeps its caches in variables (TensorFlow)
     "compiles_decode",  # bool: generate's steps are compiled by default
     "cache_factory",  # generate: the function that makes zero caches, compiled or not
     "decode_paths",  # generate: its decode paths for a model here, the default first
     "compile_generation_loop",  # generate's whole loop as one program, or None
     "generation",  # generate's on-device loop and CUDA-graph step (a module), or None
-    # Attention kernels (layers.attention_kernels, layers.attention_paths).
+    # Attention kernels (common.attention_kernels, layers.attention_paths).
     "fused_attention",
     "reads_cache_prefix_cheaply",
     "prefers_blockwise_causal",
     "blockwise_causal_attention",
     "cache_kernel",
-    # KV cache writes (layers.kv_cache).
+    # KV cache writes (common.kv_cache).
     "concrete_index",
     "write_cache_buffer",
     "cache_variables",
@@ -66,6 +68,25 @@ INTERFACE = (
     "gate_loss_and_gradients",
     "applies_layouts",  # bool: keras.distribution places variables by a LayoutMap
 )
+
+
+class EagerKernels(NamedTuple):
+    """What `eager_calls()` answers on a backend with eager kernels for a model's leaf
+    layers (PyTorch): each a function `(layer, *args, **kwargs)` run instead of the
+    layer's `call` inside `generate`'s eager steps (`keras_mha.models.eager_calls` maps
+    the model's layer classes to them); `activation(function_name, arguments)` the
+    backend's function for a `keras.activations` entry, or None; `add_into` and
+    `multiply_into` write a residual sum or gated product into their first argument."""
+
+    dense: Callable
+    embedding: Callable
+    layer_norm: Callable
+    rms_norm: Callable
+    attention: Callable
+    activation: Callable
+    add_into: Callable
+    multiply_into: Callable
+
 
 _LOADED: dict = {}
 _MODULES: dict = {}
@@ -127,4 +148,4 @@ def compile_decode_step(owner, forward, **options):
     return current().compile_decode_step(owner, forward, **options)
 
 
-__all__ = ["INTERFACE", "compile_decode_step", "current", "module", "name"]
+__all__ = ["INTERFACE", "EagerKernels", "compile_decode_step", "current", "module", "name"]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_mha.layers import kv_cache
+from keras_mha.backends.common import kv_cache
 
 
 def positioned(forward, static_index):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import keras
 
 from keras_mha import backends
+from keras_mha.backends.common.kv_cache import KVCache
 from keras_mha.distribution.head_parallel import _mesh_axis_size
-from keras_mha.layers.kv_cache import KVCache
 
 _BUFFER_RANK = 4  # (batch, num_key_value_heads, max_length, head_dim)
 

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from keras import ops
 
 from keras_mha import backends
-from keras_mha.layers import attention_kernels, decode_attention, masks
+from keras_mha.backends.common import attention_kernels, decode_attention, masks
 
 
 class AttentionOptions(NamedTuple):
@@ -179,7 +179,7 @@ def _attend_cache(q, k, v, cache, attention_mask, query_mask, options):
     if start is not None and attention_kernels.reads_cache_prefix_cheaply():
         # Attend to the written prefix only (a free view here), which needs no mask
         # for a single token.
-        first, stop = visible_prefix(start, q.shape[1], options.sliding_window, causal)
+        first, stop = masks.visible_prefix(start, q.shape[1], options.sliding_window, causal)
         keys, values = keys[:, :, first:stop], values[:, :, first:stop]
         if attention_mask is not None:
             attention_mask = masks.normalise_attention_mask(
@@ -245,19 +245,6 @@ def _attend_cache(q, k, v, cache, attention_mask, query_mask, options):
         key_heads_first=True,
     )
     return heads, None
-
-
-def visible_prefix(start, query_length, sliding_window, causal):
-    """`(first, stop)`: the cache positions that queries at `start ..` may see.
-
-    Example:
-        >>> visible_prefix(10, 1, sliding_window=4, causal=True)
-        (7, 11)
-    """
-    stop = start + query_length
-    if sliding_window is None or not causal:
-        return 0, stop
-    return max(0, start - sliding_window + 1), stop
 
 
 def _generic_attention(q, k, v, mask, options, key_heads_first=False):

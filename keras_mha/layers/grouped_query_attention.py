@@ -17,16 +17,14 @@ import keras
 from keras import ops
 
 from keras_mha import backends
+from keras_mha.backends.common import attention_probe, kv_cache, padding_masks
+from keras_mha.backends.common.linear import linear
 from keras_mha.layers import (
     attention_paths,
-    attention_probe,
-    kv_cache,
     kv_quantization,
-    padding_masks,
     quantization,
     validation,
 )
-from keras_mha.layers.linear import linear
 from keras_mha.layers.rotary_embedding import RotaryEmbedding, check_rope_scaling
 
 _positive_int = validation.positive_int

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from keras_mha.layers import kv_cache
+from keras_mha.backends.common import kv_cache
 from keras_mha.planning.kv_formats import RUNTIME_QUANTIZED
 
 _E4M3_MAX = 448.0

@@ -10,8 +10,8 @@ That is only equivalent where `__call__` adds nothing to the result: built layer
 whose compute dtype equals their variable dtype (no autocasting), no quantization and
 no distribution; `supports_direct_calls(model)` checks this. `direct_calls` may also
 be given `EagerCalls`: functions that replace the `call` of layers of given classes,
-and activations, with the backend's kernels (`backends.current().eager_calls()`: on
-PyTorch, `keras_mha.backends.torch.model_calls`).
+and activations, with the backend's kernels (`keras_mha.models.eager_calls`, from
+`backends.current().eager_calls()`: on PyTorch, `keras_mha.backends.torch.model_calls`).
 
 Example:
     >>> with direct_calls(supports_direct_calls(model)):  # doctest: +SKIP

@@ -45,10 +45,11 @@ import keras
 import numpy as np
 
 from keras_mha import backends
+from keras_mha.backends.common import kv_cache
 from keras_mha.errors import UsageError
-from keras_mha.layers import kv_cache
 from keras_mha.models import decode_loop
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
+from keras_mha.models.eager_calls import eager_calls
 from keras_mha.planning.config_values import shown
 from keras_mha.planning.kv_formats import RUNTIME_QUANTIZED
 
@@ -152,7 +153,7 @@ class _CompiledDecoder:
         def eager_forward(token_ids, key_mask, caches, index):
             # The leaf layers as torch calls too (backends/torch/model_calls.py), outside
             # Keras scopes.
-            with direct_calls(direct, self.backend.eager_calls()):
+            with direct_calls(direct, eager_calls(self.backend.eager_calls())):
                 return self._forward(token_ids, key_mask, caches, index)
 
         self._eager_forward = self._forward if self.backend.compiles_decode else eager_forward

@@ -1,12 +1,15 @@
 """The eager PyTorch leaf-layer calls equal the Keras path bit for bit: each layer kind
 alone, and a whole model's prefill and decode step on the cache."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
 
 from keras_mha.models.blocks import RMSNorm
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
+from keras_mha.models.eager_calls import eager_calls
 from keras_mha.models.supported import ACTIVATIONS
 from tests.conftest import current_backend
 
@@ -23,6 +26,13 @@ def _randomised(layer, seed):
     for variable in layer.weights:
         variable.assign(rng.standard_normal(variable.shape).astype(variable.dtype))
     return layer
+
+
+def _eager_calls():
+    """The backend's kernels keyed by layer class, as `generate` runs them."""
+    from keras_mha.backends.torch import model_calls
+
+    return eager_calls(model_calls.eager_calls())
 
 
 def _built(layer, shape):
@@ -49,15 +59,13 @@ LAYERS = {
 def test_each_layer_call_equals_keras(kind, dtype):
     import torch
 
-    from keras_mha.backends.torch.model_calls import LAYER_CALLS
-
     layer = _randomised(_built(LAYERS[kind](dtype), (None, None, 16)), seed=1)
     inputs = keras.ops.convert_to_tensor(
         np.random.default_rng(2).standard_normal((2, 3, 16)).astype("float32"), dtype=dtype
     )
     with torch.no_grad():
         expected = layer(inputs)
-        fast = LAYER_CALLS[type(layer)](layer, inputs)
+        fast = _eager_calls().layers[type(layer)](layer, inputs)
     assert fast.dtype == expected.dtype
     np.testing.assert_array_equal(_numpy(keras.ops.cast(fast, "float32")),
                                   _numpy(keras.ops.cast(expected, "float32")))  # fmt: skip
@@ -66,16 +74,15 @@ def test_each_layer_call_equals_keras(kind, dtype):
 def test_embedding_and_activations_equal_keras():
     import torch
 
-    from keras_mha.backends.torch.model_calls import LAYER_CALLS, eager_calls
-
+    calls = _eager_calls()
     table = _randomised(_built(keras.layers.Embedding(50, 8), (None, None)), seed=3)
     ids = keras.ops.convert_to_tensor(np.array([[0, 49, 7]], dtype="int32"))
     x = keras.ops.convert_to_tensor(np.linspace(-6, 6, 97, dtype="float32"))
     with torch.no_grad():
         np.testing.assert_array_equal(
-            _numpy(LAYER_CALLS[keras.layers.Embedding](table, ids)), _numpy(table(ids))
+            _numpy(calls.layers[keras.layers.Embedding](table, ids)), _numpy(table(ids))
         )
-        activations = eager_calls().activations
+        activations = calls.activations
         assert sorted(activations) == sorted(ACTIVATIONS)
         for name, (function_name, arguments) in ACTIVATIONS.items():
             expected = getattr(keras.activations, function_name)(x, **arguments)
@@ -107,18 +114,16 @@ TRAITS = {
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("case", sorted(TRAITS))
-def test_a_models_prefill_and_step_equal_the_keras_path(
-    case, padded, tmp_path_factory, monkeypatch
-):
+def test_a_models_prefill_and_step_equal_the_keras_path(case, padded, tmp_path_factory):
     import torch
 
-    from keras_mha.backends.torch.model_calls import LAYER_CALLS, eager_calls
     from tests.models_checkpoints import loaded
 
     _, model = loaded(tmp_path_factory, case)
     used = []
-    for kind, function in list(LAYER_CALLS.items()):
-        monkeypatch.setitem(LAYER_CALLS, kind, _spy(function, kind, used))
+    calls = _eager_calls()
+    spied = {kind: _spy(function, kind, used) for kind, function in calls.layers.items()}
+    calls = dataclasses.replace(calls, layers=spied)
     assert supports_direct_calls(model)
     rng = np.random.default_rng(5)
     prompt = keras.ops.convert_to_tensor(rng.integers(0, 100, (2, 5)).astype("int32"))
@@ -130,7 +135,7 @@ def test_a_models_prefill_and_step_equal_the_keras_path(
     outputs = {}
     for fast in (False, True):
         caches = model.init_caches(2, 64)
-        with torch.no_grad(), direct_calls(True, eager_calls() if fast else None):
+        with torch.no_grad(), direct_calls(True, calls if fast else None):
             prefill, caches = model.call_with_cache(prompt, key_mask, caches, 0)
             step, caches = model.call_with_cache(token, key_mask, caches, 5)
         outputs[fast] = [_numpy(prefill), _numpy(step), *[_numpy(c) for c in _leaves(caches)]]
@@ -152,8 +157,8 @@ def _leaves(caches):
 
 
 def test_no_eager_calls_inside_a_keras_scope():
-    from keras_mha.backends.torch.model_calls import eager_calls
+    from keras_mha.backends.torch import model_calls
 
-    assert eager_calls() is not None
+    assert model_calls.eager_calls() is model_calls.EAGER_KERNELS
     with keras.StatelessScope():
-        assert eager_calls() is None
+        assert model_calls.eager_calls() is None

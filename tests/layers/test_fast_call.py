@@ -236,7 +236,7 @@ def test_warm_step_only_while_nothing_changed():
     between steps sends the call back through the full checks."""
     import torch
 
-    from keras_mha.layers import attention_probe
+    from keras_mha.backends.common import attention_probe
 
     layer = built_layer()
     x = ops.convert_to_tensor(random_inputs(1, 6, FEATURES, seed=8))

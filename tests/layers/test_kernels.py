@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_mha.layers import GroupedQueryAttention, attention_kernels, decode_attention
+from keras_mha.backends.common import attention_kernels, decode_attention
+from keras_mha.layers import GroupedQueryAttention
 from tests.layers.test_reference import random_inputs, randomise
 from tests.reference import attention_numpy
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_mha.backends.common import kv_cache
 from keras_mha.hub.config import load_config
-from keras_mha.layers import GroupedQueryAttention, kv_cache, kv_quantization
+from keras_mha.layers import GroupedQueryAttention, kv_quantization
 from keras_mha.planning.costs import kv_cache_cost
 from keras_mha.planning.kv_formats import kv_format
 from keras_mha.planning.spec import from_config

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 
+from keras_mha.backends.common.linear import matmul_linear
 from keras_mha.backends.jax import attention, generation, gradients, steps, tensors
-from keras_mha.layers.linear import matmul_linear
 
 compile_decode_step = steps.compile_decode_step
 decode_function = steps.decode_function

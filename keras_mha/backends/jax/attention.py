@@ -14,7 +14,7 @@ import functools
 import jax
 from keras import ops
 
-from keras_mha.layers import attention_kernels, decode_attention
+from keras_mha.backends.common import attention_kernels, decode_attention
 
 
 def _on_cpu():
@@ -65,7 +65,7 @@ def _jitted_blockwise():
 
 def cache_kernel(query, key):
     """One query token on the CPU: `"two_fusions"` or `"single_query"`
-    (`keras_mha.layers.decode_attention`, which XLA runs without copying the donated
+    (`keras_mha.backends.common.decode_attention`, which XLA runs without copying the donated
     cache), else None (the grouped einsum)."""
     if query.shape[1] != 1 or not _on_cpu():
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import keras
 
-from keras_mha.layers import kv_cache
+from keras_mha.backends.common import kv_cache
 
 
 def concrete_index(cache_index):

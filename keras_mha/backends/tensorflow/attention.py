@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from keras import ops
 
-from keras_mha.layers import attention_kernels
+from keras_mha.backends.common import attention_kernels
 
 
 def fused_attention(query, key, value, mask, *, scale, is_causal, key_heads_first):

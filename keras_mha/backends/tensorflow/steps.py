@@ -14,7 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from keras_mha.backends import steps
-from keras_mha.layers import kv_cache
+from keras_mha.backends.common import kv_cache
 
 
 def compile_decode_step(

@@ -15,8 +15,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_mha.layers import kv_cache
-from keras_mha.layers.linear import matmul_linear
+from keras_mha.backends.common import kv_cache
+from keras_mha.backends.common.linear import matmul_linear
 
 
 def concrete_index(cache_index):

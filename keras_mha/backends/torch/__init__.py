@@ -17,9 +17,9 @@ Example:
 
 from __future__ import annotations
 
+from keras_mha.backends.common import attention_kernels
 from keras_mha.backends.torch import attention, eager_decode, gradients, steps, tensors
 from keras_mha.backends.torch import generation as device_generation
-from keras_mha.layers import attention_kernels
 
 compile_decode_step = steps.compile_decode_step
 compile_generation_loop = None  # eager steps; on CUDA a CUDA-graph step (`generation`)
@@ -71,8 +71,8 @@ _EAGER_CALLS = []
 
 
 def eager_calls():
-    """`generate`'s eager leaf-layer calls (`model_calls.eager_calls`); imported on first
-    use, since it imports the models."""
+    """`generate`'s eager leaf-layer kernels (`model_calls.eager_calls`); imported on
+    first use."""
     if not _EAGER_CALLS:
         from keras_mha.backends.torch import model_calls as module
 

@@ -3,7 +3,7 @@
 `fused_attention` hands projected heads to `torch.nn.functional.scaled_dot_product_attention`
 (`enable_gqa` for grouped heads); a lone query over grouped heads goes to
 `one_query_attention`, which lays the heads out as the device's kernels run fastest.
-Both are tested against `keras_mha.layers.attention_kernels.grouped_attention`.
+Both are tested against `keras_mha.backends.common.attention_kernels.grouped_attention`.
 
 Example:
     >>> q, kv = torch.randn(1, 1, 8, 16), torch.randn(1, 2, 32, 16)

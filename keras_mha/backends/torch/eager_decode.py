@@ -30,15 +30,14 @@ import numpy as np
 import torch
 from keras.src.backend.common import global_state
 
-from keras_mha.backends.torch import attention
-from keras_mha.layers import (
+from keras_mha.backends.common import (
     attention_kernels,
-    attention_paths,
     attention_probe,
     kv_cache,
     masks,
     padding_masks,
 )
+from keras_mha.backends.torch import attention
 
 # Keras's scopes under which `Layer.__call__` or a variable read does more than hand on
 # the stored tensors, by their names in Keras's global state.
@@ -55,7 +54,7 @@ def applies(layer, inputs, cache, start, options):
     Args:
         inputs: the call's `padding_masks.AttentionInputs`.
         start: the Python int behind a `cache_index`, None when traced or absent.
-        options: the call's `attention_paths.AttentionOptions`.
+        options: the call's `AttentionOptions` (`keras_mha.layers.attention_paths`).
     """
     if start is None or not options.use_fused:
         return False
@@ -489,7 +488,8 @@ def _rotation(frequencies, inv_freq, start, tensor):
 def step(layer, query, cache, start, attention_mask, options, read=None):
     """`(output, cache)` of self-attention with `cache` written at `start` (a Python int).
 
-    `cache` is a checked `KVCache`; `options` the call's `attention_paths.AttentionOptions`;
+    `cache` is a checked `KVCache`; `options` the call's
+    `AttentionOptions` (`keras_mha.layers.attention_paths`);
     `read(variable)` gives a variable's tensor (default: as `_variable_reader` finds).
     """
     read = read or _variable_reader()
@@ -521,7 +521,7 @@ def step(layer, query, cache, start, attention_mask, options, read=None):
         cache.value[:, :, start:stop] = v.transpose(1, 2)
     if length == 1 and attention_mask is None:
         # A lone query sees the whole written prefix (a view): no mask at all.
-        first, _ = attention_paths.visible_prefix(start, 1, layer.sliding_window, options.causal)
+        first, _ = masks.visible_prefix(start, 1, layer.sliding_window, options.causal)
         attended = attention.one_query_attention(
             q, cache.key[:, :, first:stop], cache.value[:, :, first:stop], None, scale=options.scale
         )
@@ -539,7 +539,7 @@ def _attend_chunk(layer, q, k, v, cache, start, attention_mask, options):
         return attention_kernels.fused_attention(
             q, k, v, None, scale=options.scale, is_causal=True, rows_may_be_empty=False
         )
-    first, stop = attention_paths.visible_prefix(start, length, window, causal)
+    first, stop = masks.visible_prefix(start, length, window, causal)
     keys, values = cache.key[:, :, first:stop], cache.value[:, :, first:stop]
     mask = None
     if attention_mask is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_mha.layers import kv_cache
+from keras_mha.backends.common import kv_cache
 
 #: Tokens between two reads of "has every row ended?" (each read waits for the device).
 STOP_CHECK = 16

@@ -5,9 +5,10 @@ symbolic tensors and infers dtypes before it reaches torch; a decoder block's no
 MLP and residuals run some twenty of them, which costs about as much as their
 arithmetic at a single-token step. Inside `direct_calls` (generate's eager PyTorch
 prefill and steps: autograd off, no autocasting, quantization or distribution), `run`
-calls the function registered here for the layer's exact class instead of its Keras
-`call`. Each function calls the torch kernel Keras's torch backend reaches, in the same
-order and dtypes, so the result is the same bit for bit (tested against the Keras
+calls the function here for the layer's kind (`EAGER_KERNELS`;
+`keras_mha.models.eager_calls` maps the model's layer classes to them) instead of its
+Keras `call`. Each function calls the torch kernel Keras's torch backend reaches, in the
+same order and dtypes, so the result is the same bit for bit (tested against the Keras
 path); a layer in a configuration it does not cover (LoRA, an activation on a Dense,
 a norm over several axes, mixed dtypes) goes to its `call`. The attention layers have
 their own eager step (`keras_mha.backends.torch.eager_decode`). The activations, the norms'
@@ -16,23 +17,18 @@ write into a tensor the step has just made: the same values, without allocating 
 tensor of the activations' size each time (docs/benchmarks.md says what that saves).
 
 Example:
-    >>> with direct_calls(True, eager_calls()):  # doctest: +SKIP
+    >>> with direct_calls(True, models_eager_calls(eager_calls())):  # doctest: +SKIP
     ...     hidden = run(block.mlp_norm, hidden)   # rms_norm below, not RMSNorm.call
 """
 
 from __future__ import annotations
 
-import functools
-
 import keras
 import torch
 from keras.src.backend import get_autocast_scope, in_stateless_scope, in_symbolic_scope
 
+from keras_mha.backends import EagerKernels
 from keras_mha.backends.torch import eager_decode
-from keras_mha.layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
-from keras_mha.models.blocks import RMSNorm
-from keras_mha.models.direct_calls import EagerCalls
-from keras_mha.models.supported import ACTIVATIONS
 
 
 def _tensor(variable):
@@ -101,25 +97,14 @@ def layer_norm(layer, inputs):
 
 
 def attention(layer, query, attention_mask=None, cache=None, cache_index=None, **kwargs):
-    """`GroupedQueryAttention.call`; on a KV cache, `eager_decode.call_directly`: a cache
-    the layer checked at an earlier step goes straight to its eager step."""
+    """`GroupedQueryAttention.call` (MHA's and MQA's too); on a KV cache,
+    `eager_decode.call_directly`: a cache the layer checked at an earlier step goes
+    straight to its eager step."""
     if cache is None or kwargs:
         return layer.call(
             query, attention_mask=attention_mask, cache=cache, cache_index=cache_index, **kwargs
         )
     return eager_decode.call_directly(layer, query, cache, cache_index, attention_mask)
-
-
-#: Layer class (exact) -> its eager torch call.
-LAYER_CALLS = {
-    keras.layers.Dense: dense,
-    keras.layers.Embedding: embedding,
-    keras.layers.LayerNormalization: layer_norm,
-    RMSNorm: rms_norm,
-    GroupedQueryAttention: attention,
-    MultiHeadAttention: attention,
-    MultiQueryAttention: attention,
-}
 
 
 def add_into(fresh, other):
@@ -156,7 +141,7 @@ def _writable_as(fresh, other):
 
 
 def activation(function_name, arguments):
-    """The torch function of a `supported.ACTIVATIONS` entry (a `keras.activations` name
+    """The torch function of a `models.supported.ACTIVATIONS` entry (a `keras.activations` name
     and its arguments), or None where Keras's own is kept. SiLU and ReLU write into
     their input, which `direct_calls.activate` only gets fresh.
 
@@ -175,32 +160,34 @@ def activation(function_name, arguments):
     return None
 
 
-def eager_calls() -> EagerCalls | None:
-    """The layer calls and the activations above, for `direct_calls`; None inside a Keras
-    autocast, stateless or symbolic scope (where a variable's tensor is not its value).
+#: The functions above, under the names of `keras_mha.backends.EagerKernels`.
+EAGER_KERNELS = EagerKernels(
+    dense=dense,
+    embedding=embedding,
+    layer_norm=layer_norm,
+    rms_norm=rms_norm,
+    attention=attention,
+    activation=activation,
+    add_into=add_into,
+    multiply_into=multiply_into,
+)
+
+
+def eager_calls() -> EagerKernels | None:
+    """`EAGER_KERNELS`; None inside a Keras autocast, stateless or symbolic scope (where a
+    variable's tensor is not its value).
 
     Example:
-        >>> with direct_calls(True, eager_calls()):  # doctest: +SKIP
-        ...     logits, caches = model.call_with_cache(ids, key_mask, caches, index)
+        >>> eager_calls() is EAGER_KERNELS  # doctest: +SKIP
+        True
     """
     if in_stateless_scope() or in_symbolic_scope() or get_autocast_scope() is not None:
         return None
-    return _eager_calls()
-
-
-@functools.cache
-def _eager_calls() -> EagerCalls:
-    activations = {name: activation(*entry) for name, entry in ACTIVATIONS.items()}
-    return EagerCalls(
-        layers=LAYER_CALLS,
-        activations={name: f for name, f in activations.items() if f is not None},
-        add_into=add_into,
-        multiply_into=multiply_into,
-    )
+    return EAGER_KERNELS
 
 
 __all__ = [
-    "LAYER_CALLS",
+    "EAGER_KERNELS",
     "activation",
     "add_into",
     "attention",

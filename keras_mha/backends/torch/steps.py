@@ -30,8 +30,8 @@ import keras
 import torch
 
 from keras_mha.backends import steps
+from keras_mha.backends.common import kv_cache
 from keras_mha.backends.torch import eager_decode
-from keras_mha.layers import kv_cache
 
 
 def compile_decode_step(

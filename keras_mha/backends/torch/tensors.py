@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from keras import ops
 
-from keras_mha.layers import kv_cache
+from keras_mha.backends.common import kv_cache
 
 _LENGTH_AXIS = 2
 
@@ -60,7 +60,7 @@ def write_cache_buffer(buffer, update, start, static_start, valid):
 
 def linear(inputs, kernel, bias=None):
     """`inputs @ kernel + bias` as one `torch.addmm` where the dtypes agree (no Keras
-    dispatch); else as `keras.ops` (`layers.linear.matmul_linear`)."""
+    dispatch); else as `keras.ops` (`common.linear.matmul_linear`)."""
     if bias is None:
         return ops.matmul(inputs, kernel)
     inputs, kernel, bias = (ops.convert_to_tensor(t) for t in (inputs, kernel, bias))

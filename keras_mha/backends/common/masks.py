@@ -179,3 +179,16 @@ def combine_masks(
             )
         mask = merge(mask, positional[None, None])
     return mask, False
+
+
+def visible_prefix(start, query_length, sliding_window, causal):
+    """`(first, stop)`: the cache positions that queries at `start ..` may see.
+
+    Example:
+        >>> visible_prefix(10, 1, sliding_window=4, causal=True)
+        (7, 11)
+    """
+    stop = start + query_length
+    if sliding_window is None or not causal:
+        return 0, stop
+    return max(0, start - sliding_window + 1), stop
