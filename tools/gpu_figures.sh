@@ -11,7 +11,11 @@
 #      bfloat16) at batch 4 x 4096 and 1 x 32768 tokens, on all three backends;
 #   3. the per-token host time of a tiny Llama (`bench host-cost`);
 #   4. the layer decode step at context 8192, eager and replayed from a CUDA graph
-#      (tools/cuda_graph_decode.py).
+#      (tools/cuda_graph_decode.py);
+#   5. the layer decode step at context 2048, batch 1, 16 query / 2 KV heads (GQA) and
+#      MHA, eager and under `torch.compile`, the plain layer call beside the decode
+#      function, against the hand-written in-place step (the compiled CUDA GQA step of
+#      issue 33).
 # The limits add up to 600 s; a step that would start with under 30 s left is skipped.
 # Logs go to OUTDIR (with ARCHIVE set, also packed into that .tar.gz after every step);
 # tables.md gathers the tables the docs quote; the last lines printed are a summary.
@@ -39,6 +43,8 @@ if [ "$dry" = 1 ]; then
   layer=(--cases gqa --heads 4 --kv-heads 2 --head-dim 16 --repeats 1 --warmup 1 --no-memory
     --in-process --format markdown)
   host=(--rounds 1 --new-tokens 4 --format markdown)
+  step2048=(--cases decode --heads 4 --kv-heads 2 --head-dim 16 --decode-context 64
+    --decode-repeats 2 --no-memory --in-process --format markdown)
   scale=20 # dry runs on a loaded CPU: every limit times this
 else
   model=(--full-size --prompt-length 64 --new-tokens 64 --rounds 3 --format markdown)
@@ -48,6 +54,8 @@ else
   layer=(--cases gqa --dtype bfloat16 --heads 32 --kv-heads 8 --head-dim 128 --repeats 5
     --no-memory --in-process --format markdown)
   host=(--rounds 5 --format markdown)
+  step2048=(--cases decode --batch 1 --heads 16 --kv-heads 2 --head-dim 64 --decode-context 2048
+    --decode-repeats 30 --no-memory --in-process --format markdown)
   scale=1
 fi
 
@@ -115,6 +123,9 @@ if [ "$part" != suite ]; then
   if [ "$dry" != 1 ]; then
     step decode-cuda-graph 30 env KERAS_BACKEND=torch "$python" -m tools.cuda_graph_decode
   fi
+  # 5. The decode step at context 2048, eager and compiled (GQA and MHA rows).
+  bench decode-torch-eager-2048 25 torch layers "${step2048[@]}"
+  bench decode-torch-compile-2048 60 torch layers "${step2048[@]}" --torch-compile
 fi
 # --- Quantized KV cache (issue 32): float8 KV against the bfloat16 cache, context 8192 ---
 # A separate step: bench model pairs keras-mha with `--kv-cache-dtype float8_e4m3fn`

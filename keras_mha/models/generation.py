@@ -8,7 +8,10 @@ weights passed as arguments, the caches donated so that XLA updates them in plac
 `tf.function(jit_compile=True)` on TensorFlow (the caches are variables, created outside
 the function and updated in place by it: `init_cache(..., variables=True)`), and eager
 PyTorch (the caches written in place; measured faster than `torch.compile` for
-single-token CPU steps; pass `compile_torch=True` to try it). No step copies the caches.
+single-token CPU steps; pass `compile_torch=True` to try it). On the CPU, PyTorch's steps
+run on the intra-op thread count that times fastest, torch's own or one
+(`keras_mha.backends.torch.threads`; `generation_stats(model)["decode_threads"]`). No
+step copies the caches.
 Cache lengths are rounded up to a multiple of `CACHE_BUCKET`, so prompts of similar
 lengths reuse the compiled step; how often each function was traced is in
 `generation_stats(model)`.
@@ -96,6 +99,9 @@ class _CompiledDecoder:
         }
         self._loops = {}  # LoopShape -> the compiled loop (JAX, TensorFlow)
         self._cuda_step = None
+        # PyTorch on the CPU: the steps' thread count, chosen by timing them.
+        home = self.backend.generation
+        self._threads = None if home is None else home.decode_threads(model)
         self.cuda_graph_error = None  # why the CUDA-graph path failed here, if it did
         # TensorFlow: the cache variables of finished calls, by (batch, cache length):
         # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
@@ -181,6 +187,17 @@ class _CompiledDecoder:
         self.stats["step_calls"] += 1
         return self._step(token_ids, key_mask, caches, index)
 
+    @contextlib.contextmanager
+    def tuned_steps(self, step):
+        """`step` (a decode step) run on the thread count the backend finds fastest for a
+        loop of steps (PyTorch on the CPU: `backends.torch.threads`), else as it is."""
+        if self._threads is None:
+            yield step
+            return
+        with self._threads.steps(step) as run:
+            yield run
+        self.stats["decode_threads"] = self._threads.chosen
+
     def default_path(self):
         """The path `decode_path="auto"` takes: the backend's first (`decode_paths`): the
         whole loop compiled on JAX and TensorFlow, CUDA graphs on a CUDA GPU, else
@@ -223,9 +240,10 @@ class _CompiledDecoder:
             step = home.eager_step(self._eager_forward)
         self.stats["loop_calls"] += 1
         choose = decode_loop.chooser(shape, draws, eos_ids, values)
-        tokens, _ = home.device_loop(
-            step, choose, logits, caches, key_mask, length, count, shape.batch, shape.stops
-        )
+        with self.tuned_steps(step) as step:
+            tokens, _ = home.device_loop(
+                step, choose, logits, caches, key_mask, length, count, shape.batch, shape.stops
+            )
         return np.asarray(keras.ops.convert_to_numpy(tokens)), caches
 
     def _count(self, key):
@@ -562,23 +580,24 @@ def _per_token(decoder, logits, caches, key_mask, length, max_new_tokens, sampli
     batch = logits.shape[0]
     finished = np.zeros(batch, dtype=bool)
     new_tokens = []
-    for step in range(max_new_tokens):
-        chosen = _choose(
-            np.asarray(keras.ops.convert_to_numpy(logits)),
-            sampling.temperature,
-            sampling.top_k,
-            sampling.top_p,
-            rng,
-        ).astype(np.int32)
-        if eos.size:
-            chosen = np.where(finished, eos[0], chosen)
-            finished |= np.isin(chosen, eos)
-        new_tokens.append(chosen)
-        if step == max_new_tokens - 1 or (eos.size and finished.all()):
-            break
-        logits, caches = decoder.step(
-            keras.ops.convert_to_tensor(chosen[:, None]), key_mask, caches, length + step
-        )
+    with decoder.tuned_steps(decoder.step) as run_step:
+        for step in range(max_new_tokens):
+            chosen = _choose(
+                np.asarray(keras.ops.convert_to_numpy(logits)),
+                sampling.temperature,
+                sampling.top_k,
+                sampling.top_p,
+                rng,
+            ).astype(np.int32)
+            if eos.size:
+                chosen = np.where(finished, eos[0], chosen)
+                finished |= np.isin(chosen, eos)
+            new_tokens.append(chosen)
+            if step == max_new_tokens - 1 or (eos.size and finished.all()):
+                break
+            logits, caches = run_step(
+                keras.ops.convert_to_tensor(chosen[:, None]), key_mask, caches, length + step
+            )
     return np.stack(new_tokens, axis=1)
 
 

@@ -26,6 +26,8 @@ def test_the_default_path_is_the_measured_fastest(llama):
     generate(model, made.token_ids[:, :4], 2)
     expected = "per_token" if keras.backend.backend() == "torch" else "loop"
     assert generation_stats(model)["path"] == expected
+    if keras.backend.backend() == "torch":  # on the CPU: the steps' thread count, timed
+        assert "decode_threads" in generation_stats(model)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import keras
 
 from keras_mha.backends.common import kv_cache
+from keras_mha.backends.torch.threads import DecodeThreads
 
 #: Tokens between two reads of "has every row ended?" (each read waits for the device).
 STOP_CHECK = 16
@@ -35,6 +36,12 @@ def on_cuda(model) -> bool:
     if not torch.cuda.is_available() or not model.variables:
         return False
     return model.variables[0].value.device.type == "cuda"
+
+
+def decode_threads(model):
+    """A `DecodeThreads` that picks the intra-op thread count of `model`'s decode steps on
+    the CPU; None on CUDA, whose kernels do not run on torch's CPU threads."""
+    return None if on_cuda(model) else DecodeThreads()
 
 
 def cuda_graph_step(forward):
@@ -107,4 +114,11 @@ def device_loop(step, choose, logits, caches, key_mask, length, count, batch, st
     return tokens, tokens.shape[1]
 
 
-__all__ = ["STOP_CHECK", "cuda_graph_step", "device_loop", "eager_step", "on_cuda"]
+__all__ = [
+    "STOP_CHECK",
+    "cuda_graph_step",
+    "decode_threads",
+    "device_loop",
+    "eager_step",
+    "on_cuda",
+]
