@@ -331,9 +331,11 @@ def backend_results(backend: str, arguments) -> dict:
     return json.loads(run_worker("model", backend, worker_argv(arguments)))
 
 
-def model_results(arguments) -> dict:
+def model_results(arguments, extra_contenders=None) -> dict:
     """Prefill and decode rates of keras-mha (and transformers) for parsed `arguments`;
-    `results["config"]` is the config the model was built from."""
+    `results["config"]` is the config the model was built from. `extra_contenders`
+    (`{name: (first, second)}`) take their turns in the same rounds (`bench roofline`
+    times a memory copy there); their times are `results["extra_times"][name]`."""
     import keras
     import numpy as np
     import torch
@@ -424,7 +426,9 @@ def model_results(arguments) -> dict:
         if not arguments.no_compiled_transformers:
             options = {"cache_implementation": "static", "compile_config": compiled}
             contenders[THEIRS_COMPILED] = (theirs(1, **options), theirs(new, **options))
+    contenders.update(extra_contenders or {})
     times = time_rounds(contenders, arguments.rounds)
+    results["extra_times"] = {name: times[name] for name in extra_contenders or ()}
     shape = (arguments.batch, arguments.prompt_length, new)
     results[OURS] = {
         "backend": keras.backend.backend(),

@@ -199,7 +199,9 @@ class DecoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
         """The LM head (tied or not) and the final soft cap, on normalised hidden states."""
         if self.lm_head is None:
             embeddings = ops.cast(self._embedding_table(), hidden.dtype)
-            logits = ops.matmul(hidden, ops.transpose(embeddings))
+            # Contract the table's own last axis: under XLA a transposed table became an
+            # elementwise loop fused into the LM head (6% of a JAX decode step at scale 4).
+            logits = ops.einsum("btd,vd->btv", hidden, embeddings)
         else:
             logits = run(self.lm_head, hidden)
         if self.final_logit_soft_cap is not None:
