@@ -59,3 +59,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "backend_independent" in item.keywords:
             item.add_marker(skip)
+
+
+# Keras calls gc.collect() for every variable a layer drops (`Layer.__delattr__`, as
+# `quantize` does for each float kernel). A full collection walks every object the
+# worker holds, which late in a leg is millions (seconds per quantized model). Objects
+# alive when a test module starts are frozen out of the collector for that module
+# (gc.freeze), so those collections walk only what the module made; unfrozen at the
+# module's end, so the collector still frees what earlier modules left.
+@pytest.fixture(autouse=True, scope="module")
+def _collections_walk_only_this_modules_objects():
+    import gc
+
+    gc.freeze()
+    yield
+    gc.unfreeze()

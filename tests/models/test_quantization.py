@@ -184,20 +184,15 @@ def test_quantized_model_variable_bytes_are_the_plans(card):
         assert abs(_variable_bytes(model.variables) / expected - 1) < 0.02, (card, mode)
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
-@pytest.mark.xfail(
-    reason="compiled quantized step writes keys of the query's width into the cache "
-    "(expand 4 -> 2); docs/guides/quantization.md, Decode paths",
-    strict=False,
-)
-def test_quantized_generate_under_torch_compile_equals_eager(llama):
-    # Keras's quantized Dense calls (int8 activations, int8 matmul) traced by torch.compile.
+def test_quantized_generate_with_compile_torch_runs_eagerly_and_says_so(llama):
+    # Keras's quantized Dense calls share one torch.autograd.Function class, whose trace
+    # torch.compile replayed for every projection (keys came out at the query's width).
     model = from_pretrained(llama.directory, quantize="int8")
     prompt = llama.token_ids[:1, :5].astype("int32")
-    np.testing.assert_array_equal(
-        generate(model, prompt, 4, compile_torch=True), generate(model, prompt, 4)
-    )
+    with pytest.warns(UserWarning, match="compile_torch=True: .* has quantized layers"):
+        compiled = generate(model, prompt, 4, compile_torch=True)
+    np.testing.assert_array_equal(compiled, generate(model, prompt, 4))
 
 
 TINY_LLAMA = {

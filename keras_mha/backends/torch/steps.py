@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 
 import keras
 import torch
@@ -59,11 +60,39 @@ def compile_decode_step(
         (1, 1, 64)
     """
     on_trace = on_trace or (lambda: None)
+    if compile_torch and quantized_layers(owner):
+        warnings.warn(
+            f"compile_torch=True: {owner.name} has quantized layers "
+            f"({', '.join(quantized_layers(owner)[:3])}); their Keras calls go through "
+            "one torch.autograd.Function class whose trace torch.compile reuses for every "
+            "layer, so they run eagerly (the numbers of the eager step)",
+            stacklevel=3,
+        )
+        compile_torch = False
     if compile_torch:
         # Dynamo replays Python side effects at every call: `on_trace` stays outside.
         forward = steps.positioned(forward, static_index)
         return _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature)
     return _eager_torch_step(eager_forward or forward, static_index)
+
+
+def quantized_layers(owner) -> list:
+    """Names of `owner`'s quantized layers (itself included): their Keras calls go through
+    Keras's `custom_gradient`, one `torch.autograd.Function` class for every call, and
+    torch.compile replays the first call's trace for the others (a key projection came out
+    at the query's width), so steps over them run eagerly.
+
+    Example:
+        >>> layer = GroupedQueryAttention(4, 2, head_dim=8)
+        >>> layer.build((None, None, 32))
+        >>> quantized_layers(layer)
+        []
+        >>> layer.quantize("int8")
+        >>> quantized_layers(layer)[0] == layer.name
+        True
+    """
+    layers = [owner, *owner._flatten_layers(include_self=False)]
+    return [layer.name for layer in layers if getattr(layer, "quantization_mode", None)]
 
 
 def _compiled_torch_step(forward, on_trace, guard_tensors_only, one_signature):
