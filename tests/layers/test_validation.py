@@ -422,7 +422,7 @@ def test_finite_number_messages_say_what_was_expected():
 
 @settings(max_examples=6, deadline=None)
 @given(
-    batch=st.integers(1, 3),
+    batch=st.just(2),  # the batch is not what is tested: one shape fewer to compile per example
     value_length=st.sampled_from([None, 1, 6]),
     grouped=st.booleans(),
     scores=st.booleans(),
