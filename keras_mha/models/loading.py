@@ -427,7 +427,9 @@ def _grouped_by_quantized_layer(model, bound, checkpoint):
 
 def _quantize_when_complete(owners, rule, mode):
     """Quantize the layer of `rule`'s variables once every tensor of it has been read."""
+    from keras_mha.layers.quantization import cheap_collections
     from keras_mha.models.deferred import initialize_rest
+    from keras_mha.models.quantize import keras_config
 
     for path in {_owner_path(variable) for variable in rule.variables}:
         if path not in owners:
@@ -436,7 +438,9 @@ def _quantize_when_complete(owners, rule, mode):
         rules.remove(rule)
         if not rules:
             initialize_rest(layer.variables)  # head gates: not in the checkpoint
-            layer.quantize(mode)
+            # The scheme of `weight_formats` (what the plan counts), as `model.quantize`.
+            with cheap_collections():
+                layer.quantize(mode, config=keras_config(mode))
             del owners[path]
 
 
