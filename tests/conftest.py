@@ -69,8 +69,7 @@ def pytest_collection_modifyitems(config, items):
 # module's end, so the collector still frees what earlier modules left.
 @pytest.fixture(autouse=True, scope="module")
 def _collections_walk_only_this_modules_objects():
-    import gc
+    from keras_mha.layers.quantization import cheap_collections
 
-    gc.freeze()
-    yield
-    gc.unfreeze()
+    with cheap_collections():  # reentrant: a `quantize` inside does not unfreeze early
+        yield

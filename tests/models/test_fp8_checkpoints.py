@@ -51,19 +51,6 @@ def dequantize_reference(codes, scale_inv, block=BLOCK):
     return codes.float() * scales[:, :columns]
 
 
-@pytest.fixture(autouse=True)
-def frozen_garbage():
-    """Objects alive when a test starts (its module fixtures included) left out of garbage
-    collection during the test: Keras's `Layer.__delattr__` runs `gc.collect()` for every
-    variable `quantize` deletes, about a second each in a process holding transformers,
-    torch, TensorFlow and JAX."""
-    import gc
-
-    gc.freeze()
-    yield
-    gc.unfreeze()
-
-
 def _converted(name):
     return (
         name.endswith(".weight")

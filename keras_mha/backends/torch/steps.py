@@ -60,10 +60,11 @@ def compile_decode_step(
         (1, 1, 64)
     """
     on_trace = on_trace or (lambda: None)
-    if compile_torch and quantized_layers(owner):
+    quantized = quantized_layers(owner) if compile_torch else []
+    if quantized:
         warnings.warn(
             f"compile_torch=True: {owner.name} has quantized layers "
-            f"({', '.join(quantized_layers(owner)[:3])}); their Keras calls go through "
+            f"({', '.join(quantized[:3])}); their Keras calls go through "
             "one torch.autograd.Function class whose trace torch.compile reuses for every "
             "layer, so they run eagerly (the numbers of the eager step)",
             stacklevel=3,
