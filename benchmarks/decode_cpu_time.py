@@ -6,7 +6,9 @@ less. This script builds the same prepared steps as the bench (`layers.prepare`:
 layer's `make_decode_function()` and `backends.reference_decode`), pins the process to
 one CPU (one intra-op thread on PyTorch), and times `steps` calls of each in turns, per
 round, with `time.process_time` (every thread of the process). It prints one JSON line
-per round and a summary: the median ratio keras-mha / reference and its spread.
+per round and a summary: the median ratio keras-mha / reference and its spread. With
+`--plain-call`, the plain layer call is timed beside the decode function in the same
+rounds (three-way; `median_ratios` holds each against the reference).
 
 Usage:
     KERAS_BACKEND=jax python -m benchmarks.decode_cpu_time --heads 16 --kv-heads 2
@@ -41,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     add(
         "--plain-call",
         action="store_true",
-        help="keras-mha's plain layer call, layer(x, cache=..., cache_index=...), instead of "
+        help="also keras-mha's plain layer call, layer(x, cache=..., cache_index=...), beside "
         "its decode function",
     )
     add("--cpu", type=int, default=None, help="the CPU to pin to (default the last usable)")
@@ -82,13 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         memory=False,
     )
     config.validate()
-    ours = {
-        (False, False): layers.OURS,
-        (False, True): layers.OURS_CALL,
-        (True, False): layers.OURS_MHA,
-        (True, True): layers.OURS_MHA_CALL,
-    }[arguments.mha, arguments.plain_call]
-    names = (ours, layers.REFERENCE_MHA if arguments.mha else layers.REFERENCE)
+    mha = arguments.mha
+    names = [layers.OURS_MHA if mha else layers.OURS]
+    if arguments.plain_call:
+        names.append(layers.OURS_MHA_CALL if mha else layers.OURS_CALL)
+    names.append(layers.REFERENCE_MHA if mha else layers.REFERENCE)
     prepared = []
     for name in names:
         entry = {"case": "decode", "implementation": name, "mode": layers.STEP}
@@ -96,28 +96,33 @@ def main(argv: list[str] | None = None) -> int:
         for warm in built.warmup:
             built.call(warm)
         prepared.append(built)
-    ratios = []
+    ratios = {name: [] for name in names[:-1]}
     for round_number in range(arguments.rounds):
-        # Alternate which goes first, as the bench does.
-        order = (0, 1) if round_number % 2 == 0 else (1, 0)
-        seconds = [0.0, 0.0]
+        # Rotate which goes first, as the bench does.
+        shift = round_number % len(names)
+        order = [*range(len(names))][shift:] + [*range(len(names))][:shift]
+        seconds = [0.0] * len(names)
         for index in order:
             seconds[index] = _cpu_seconds_per_step(prepared[index], arguments.steps)
-        ratios.append(seconds[0] / seconds[1])
-        row = {"round": round_number, "keras_mha_us": seconds[0] * 1e6}
-        row.update(reference_us=seconds[1] * 1e6, ratio=ratios[-1])
+        row = {"round": round_number, "reference_us": seconds[-1] * 1e6}
+        for name, spent in zip(names[:-1], seconds, strict=False):
+            ratios[name].append(spent / seconds[-1])
+            row[f"{name}_us"] = spent * 1e6
+            row[f"{name}_ratio"] = ratios[name][-1]
         print(json.dumps({k: round(v, 3) for k, v in row.items()}))
     summary = {
         "backend": os.environ.get("KERAS_BACKEND"),
         "implementations": names,
         "heads": config.heads,
-        "kv_heads": config.heads if arguments.mha else config.kv_heads,
+        "kv_heads": config.heads if mha else config.kv_heads,
         "decode_context": config.decode_context,
         "torch_compile": config.torch_compile,
         "cpu": cpu,
         "load_average": os.getloadavg(),
-        "median_ratio": statistics.median(ratios),
-        "ratio_range": (min(ratios), max(ratios)),
+        # The decode function's (first) ratio, as before the plain call joined.
+        "median_ratio": statistics.median(ratios[names[0]]),
+        "ratio_range": (min(ratios[names[0]]), max(ratios[names[0]])),
+        "median_ratios": {name: round(statistics.median(r), 3) for name, r in ratios.items()},
     }
     print(json.dumps(summary))
     return 0

@@ -98,14 +98,16 @@ def layer_call(layer, query, arguments):
     mask = arguments.get("attention_mask")
     if cache is None:
         return None
+    if torch.compiler.is_compiling():
+        # First: Dynamo guards every Python value the trace reads, at every call of the
+        # compiled step, and the warm step's bookkeeping would add its own.
+        if not keras_call_adds_nothing(layer, query, cache, index, mask):
+            return None
+        return layer.call(query, cache=cache, cache_index=index, attention_mask=mask)
     if mask is None:
         warm = warm_step(layer, query, cache, index)
         if warm is not None:
             return warm
-    if torch.compiler.is_compiling():
-        if not keras_call_adds_nothing(layer, query, cache, index, mask):
-            return None
-        return layer.call(query, cache=cache, cache_index=index, attention_mask=mask)
     if can_skip_keras_call(layer, query, cache, index, mask):
         return call_directly(layer, query, cache, index, mask)
     return None
