@@ -378,10 +378,15 @@ def _layer_call_step(layer, options):
         return layer(token, cache=cache, cache_index=index)
 
     compiled = backends.compile_step(step, **{**options, "tf_jit_compile": True})
+    # Whether the cache is variables, asked once: flattening it costs tens of microseconds
+    # a step on PyTorch, which would be charged to the layer's row.
+    in_place = []
 
     def run(params, token, cache, index):
         output, written = compiled(params, token, cache, index)
-        return output, cache if all_in_place(cache) else written
+        if not in_place:
+            in_place.append(all_in_place(cache))
+        return output, cache if in_place[0] else written
 
     return run
 

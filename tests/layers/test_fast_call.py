@@ -141,6 +141,88 @@ def test_the_plain_decode_call_skips_keras_call_only_where_it_adds_nothing(monke
     assert counter.count == 3
 
 
+def _mixed_precision_layer():
+    layer = GroupedQueryAttention(4, 2, head_dim=4, causal=True, dtype="mixed_bfloat16")
+    layer(ops.convert_to_tensor(random_inputs(1, 2, FEATURES)))
+    randomise(layer)
+    return layer
+
+
+def _quantized_layer():
+    layer = built_layer()
+    layer.quantize("int8")
+    return layer
+
+
+def _with_keras_mask(query):
+    import torch
+
+    masked = query.clone()
+    keras.src.backend.set_keras_mask(masked, torch.ones(query.shape[:2], dtype=torch.bool))
+    return masked
+
+
+# Plain decode calls that Keras's `__call__` acts on (or that the direct step does not
+# serve): `(layer factory, query transform, extra call arguments, autograd on)`.
+_FALLBACKS = {
+    "training": (built_layer, None, {"training": True}, False),
+    "mixed precision": (_mixed_precision_layer, None, {}, False),
+    "quantized": (_quantized_layer, None, {}, False),
+    "Keras mask": (built_layer, _with_keras_mask, {}, False),
+    "autograd on": (built_layer, None, {}, True),
+}
+
+
+@TORCH_ONLY
+@pytest.mark.parametrize("case", list(_FALLBACKS))
+def test_the_plain_decode_call_falls_back_to_keras_call(monkeypatch, case):
+    """Where Keras's `__call__` would act (a training flag, a dtype policy that autocasts,
+    a quantized layer, a propagated mask, autograd), the plain call is Keras's call:
+    counted by the counter, with Keras's numbers and cache."""
+    import torch
+
+    factory, transform, extra, grad = _FALLBACKS[case]
+    layer = factory()
+    x = ops.convert_to_tensor(random_inputs(1, 5, FEATURES, seed=13))
+    transform = transform or (lambda query: query)
+
+    def run(call):
+        cache = new_cache(layer, 1)
+        outputs = []
+        with torch.set_grad_enabled(grad):
+            for start, stop in ((0, PREFILL), (PREFILL, PREFILL + 1), (PREFILL + 1, 5)):
+                query = transform(x[:, start:stop])
+                output, cache = call(query, cache=cache, cache_index=start, **extra)
+                outputs.append(ops.convert_to_numpy(ops.cast(output, "float32")))
+        return outputs, [ops.convert_to_numpy(ops.cast(b, "float32")) for b in cache]
+
+    expected, expected_cache = run(lambda *a, **kw: keras.layers.Layer.__call__(layer, *a, **kw))
+    counter = KerasCallCounter(monkeypatch, layer)
+    got, got_cache = run(layer)
+    assert counter.count == 3  # every call, the steps included, went through Keras
+    for output, expected_output in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(output, expected_output)
+    for buffer, expected_buffer in zip(got_cache, expected_cache, strict=True):
+        np.testing.assert_array_equal(buffer, expected_buffer)
+
+
+@TORCH_ONLY
+def test_the_plain_decode_call_with_an_attention_mask_skips_keras_call(monkeypatch):
+    """A boolean mask over the cache is handed on as Keras would hand it on: direct."""
+    import torch
+
+    layer = built_layer()
+    x = ops.convert_to_tensor(random_inputs(1, 6, FEATURES, seed=14))
+    keep = torch.tensor([[False, True, True, True, True, True, True, True]])
+    expected, expected_cache = decode(layer_call(layer), x, new_cache(layer, 1), attention_mask=keep)
+    counter = KerasCallCounter(monkeypatch, layer)
+    got, got_cache = decode(plain_call(layer), x, new_cache(layer, 1), attention_mask=keep)
+    assert counter.count == 0
+    np.testing.assert_array_equal(got, expected)
+    for buffer, expected_buffer in zip(got_cache, expected_cache, strict=True):
+        np.testing.assert_array_equal(buffer, expected_buffer)
+
+
 @TORCH_ONLY
 def test_direct_call_with_an_attention_mask_and_pruned_gates():
     """A padding mask over the whole cache, and gates changed between steps (re-read)."""
