@@ -214,7 +214,9 @@ def test_the_plain_decode_call_with_an_attention_mask_skips_keras_call(monkeypat
     layer = built_layer()
     x = ops.convert_to_tensor(random_inputs(1, 6, FEATURES, seed=14))
     keep = torch.tensor([[False, True, True, True, True, True, True, True]])
-    expected, expected_cache = decode(layer_call(layer), x, new_cache(layer, 1), attention_mask=keep)
+    expected, expected_cache = decode(
+        layer_call(layer), x, new_cache(layer, 1), attention_mask=keep
+    )
     counter = KerasCallCounter(monkeypatch, layer)
     got, got_cache = decode(plain_call(layer), x, new_cache(layer, 1), attention_mask=keep)
     assert counter.count == 0
