@@ -225,6 +225,46 @@ def test_the_plain_decode_call_with_an_attention_mask_skips_keras_call(monkeypat
         np.testing.assert_array_equal(buffer, expected_buffer)
 
 
+@pytest.mark.slow
+@TORCH_ONLY
+def test_the_plain_decode_call_under_torch_compile_traces_the_step(monkeypatch):
+    """Inside the user's `torch.compile` step, a one-token plain call at an int position
+    traces `eager_decode.step` (plain torch calls, few guards): no graph break, Keras's
+    numbers and cache, pruned gates applied."""
+    import logging
+
+    import torch
+
+    # Formatting torch's structured trace log for pytest's capture costs minutes.
+    monkeypatch.setattr(logging.getLogger("torch.__trace"), "disabled", True)
+    layer = built_layer(use_rope=True, use_qk_norm=True)
+    layer.head_gates.assign(np.array([1.0, 0.5, 0.0, 1.0], "float32"))
+    x = ops.convert_to_tensor(random_inputs(2, PREFILL + 1, FEATURES, seed=16))
+    traced = []
+    step = _eager_decode().step
+    monkeypatch.setattr(_eager_decode(), "step", lambda *a: traced.append(1) or step(*a))
+
+    def decode_step(query, cache, index):
+        return layer(query, cache=cache, cache_index=index)
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    expected, expected_cache = decode(layer_call(layer), x, new_cache(layer, 2))
+    torch._dynamo.reset()
+    graphs = []
+    with torch.no_grad():
+        cache = new_cache(layer, 2)
+        _, cache = layer(x[:, :PREFILL], cache=cache, cache_index=0)
+        compiled = torch.compile(decode_step, backend=counting_backend, dynamic=False)
+        output, cache = compiled(x[:, PREFILL:], cache, PREFILL)
+    assert len(graphs) == 1 and traced  # one graph (no break), traced through `step`
+    np.testing.assert_allclose(ops.convert_to_numpy(output), expected[:, PREFILL:], atol=1e-6)
+    for buffer, expected_buffer in zip(cache, expected_cache, strict=True):
+        np.testing.assert_allclose(ops.convert_to_numpy(buffer), expected_buffer, atol=1e-6)
+
+
 @TORCH_ONLY
 def test_direct_call_with_an_attention_mask_and_pruned_gates():
     """A padding mask over the whole cache, and gates changed between steps (re-read)."""
