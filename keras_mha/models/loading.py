@@ -171,14 +171,11 @@ def _quantized_sublayers(mode, dtype):
     """(the attention's dtype, the blocks' `sublayer_dtypes`) for a model built in `mode`."""
     if mode is None:
         return dtype, None
-    import keras
-
     from keras_mha.models.quantize import QUANTIZED_LAYERS, check_mode
     from keras_mha.models.sublayer_policies import quantized_policy
 
     policy = quantized_policy(check_mode(mode), dtype)
-    serialized = keras.saving.serialize_keras_object(policy)
-    return policy, {name: serialized for name in QUANTIZED_LAYERS if name != "attention"}
+    return policy, {name: policy for name in QUANTIZED_LAYERS if name != "attention"}
 
 
 # -- finding the files ---------------------------------------------------------------------------

@@ -50,14 +50,22 @@ def quantized_policy(mode, dtype):
 
 
 def policy_for(policies, name, default):
-    """The policy recorded for sublayer `name` in `policies` (a config's), else `default`.
+    """The policy given for sublayer `name` in `policies`, else `default`: a serialized
+    policy (a config's), or a policy or its name (`build_model(quantize=...)`, which
+    does not serialize: Keras's serializer imports TensorFlow where it is installed).
 
     Example:
         >>> policy_for({}, "lm_head", "float32")
         'float32'
+        >>> policy_for({"lm_head": "int8_from_float32"}, "lm_head", "float32").name
+        'int8_from_float32'
     """
     recorded = (policies or {}).get(name)
-    return default if recorded is None else keras.saving.deserialize_keras_object(recorded)
+    if recorded is None:
+        return default
+    if isinstance(recorded, dict):
+        return keras.saving.deserialize_keras_object(recorded)
+    return keras.dtype_policies.get(recorded)
 
 
 __all__ = ["policy_for", "quantized_policies", "quantized_policy"]
