@@ -55,7 +55,8 @@ def quantized_kernel(dense, kernel):
     Example:
         >>> dense = keras.layers.Dense(4, dtype="int8_from_float32")
         >>> dense.build((None, 3))
-        >>> [(v.name, str(value.dtype)) for v, value in quantized_kernel(dense, ops.ones((3, 4)))]
+        >>> parts = quantized_kernel(dense, ops.ones((3, 4)))
+        >>> [(v.name, keras.backend.standardize_dtype(value.dtype)) for v, value in parts]
         [('kernel', 'int8'), ('kernel_scale', 'float32')]
     """
     mode = dense.quantization_mode
