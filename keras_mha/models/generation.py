@@ -51,6 +51,7 @@ from keras_mha import backends
 from keras_mha.backends.common import kv_cache
 from keras_mha.errors import UsageError
 from keras_mha.models import decode_loop
+from keras_mha.models.decoder_layout import decoder_layout
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 from keras_mha.models.eager_calls import eager_calls
 from keras_mha.planning.config_values import shown
@@ -99,6 +100,10 @@ class _CompiledDecoder:
         }
         self._loops = {}  # LoopShape -> the compiled loop (JAX, TensorFlow)
         self._cuda_step = None
+        # PyTorch on the CPU: the whole model's step in torch ops (kept: its fused
+        # matrices serve later calls), and the step this call decodes with, if bound.
+        self._model_step = None
+        self._bound_step = None
         # PyTorch on the CPU: the steps' thread count, chosen by timing them.
         home = self.backend.generation
         self._threads = None if home is None else home.decode_threads(model)
@@ -125,6 +130,9 @@ class _CompiledDecoder:
         try:
             yield caches
         finally:
+            self._bound_step = None
+            if self._model_step is not None:
+                self._model_step.caches = None  # not kept alive until the next call
             if self.keeps_caches:
                 self._spare_caches[batch, max_length] = caches
 
@@ -183,9 +191,25 @@ class _CompiledDecoder:
         self.stats["prefill_calls"] += 1
         return self._prefill(token_ids, key_mask, caches, 0)
 
+    def bind_step(self, caches, key_mask):
+        """Choose this call's decode step: on PyTorch's CPU, the whole model's step in
+        torch ops (`backends.torch.model_step`, measured the fastest) where it serves
+        the model and `caches` without a key mask; else the step `_make` made (the
+        layers' eager calls, or `torch.compile`'s). `stats["step"]` says which."""
+        home = self.backend.generation
+        found = None
+        if home is not None and key_mask is None:
+            found = home.model_step(decoder_layout(self.model), caches, self._model_step)
+        if found is not None:
+            self._model_step = found
+        self._bound_step = None if found is None else found.forward
+        if home is not None:
+            kind = "compiled" if self.compile_torch else "layers"
+            self.stats["step"] = "whole_model" if found is not None else kind
+
     def step(self, token_ids, key_mask, caches, index):
         self.stats["step_calls"] += 1
-        return self._step(token_ids, key_mask, caches, index)
+        return (self._bound_step or self._step)(token_ids, key_mask, caches, index)
 
     @contextlib.contextmanager
     def tuned_steps(self, step):
@@ -237,7 +261,7 @@ class _CompiledDecoder:
                 self.stats["loop_traces"] += 1
             step = self._cuda_step
         else:
-            step = home.eager_step(self._eager_forward)
+            step = home.eager_step(self._bound_step or self._eager_forward)
         self.stats["loop_calls"] += 1
         choose = decode_loop.chooser(shape, draws, eos_ids, values)
         with self.tuned_steps(step) as step:
@@ -528,6 +552,7 @@ def generate(
         # kernels compute without building a mask (and skip the masked triangle).
         key_mask_tensor = None if mask.all() else keras.ops.convert_to_tensor(key_mask)
         logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
+        decoder.bind_step(caches, key_mask_tensor)
         if path == "per_token":
             new_tokens = _per_token(
                 decoder, logits, caches, key_mask_tensor, length, max_new_tokens, sampling, eos, rng
