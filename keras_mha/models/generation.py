@@ -132,7 +132,7 @@ class _CompiledDecoder:
         finally:
             self._bound_step = None
             if self._model_step is not None:
-                self._model_step.caches = None  # not kept alive until the next call
+                self._model_step.release()  # the caches are not kept until the next call
             if self.keeps_caches:
                 self._spare_caches[batch, max_length] = caches
 
@@ -224,11 +224,14 @@ class _CompiledDecoder:
 
     def default_path(self):
         """The path `decode_path="auto"` takes: the backend's first (`decode_paths`): the
-        whole loop compiled on JAX and TensorFlow, CUDA graphs on a CUDA GPU, else
-        (PyTorch on the CPU) eager steps with tokens chosen on the host, measured the
-        fastest there (docs/benchmarks.md)."""
+        whole loop compiled on JAX and TensorFlow, CUDA graphs on a CUDA GPU; on
+        PyTorch's CPU, the whole-model step with tokens chosen on the device where that
+        step is bound (`bind_step`), else eager steps with tokens chosen on the host,
+        each measured the fastest there (docs/benchmarks.md)."""
         if self.paths[0] == "cuda_graph" and (self.compile_torch or self.cuda_graph_error):
             return "per_token"
+        if self.paths[0] == "per_token" and self._bound_step is not None:
+            return "device_loop"
         return self.paths[0]
 
     def _loop_forward(self, token_ids, key_mask, caches, index):
@@ -264,6 +267,8 @@ class _CompiledDecoder:
             step = home.eager_step(self._bound_step or self._eager_forward)
         self.stats["loop_calls"] += 1
         choose = decode_loop.chooser(shape, draws, eos_ids, values)
+        if not shape.sampling_key[0] and not shape.stops:
+            choose = home.greedy  # the same argmax without Keras's dispatch
         with self.tuned_steps(step) as step:
             tokens, _ = home.device_loop(
                 step, choose, logits, caches, key_mask, length, count, shape.batch, shape.stops
@@ -544,7 +549,6 @@ def generate(
 
     decoder = _decoder_for(model, compile_torch, kv_cache_dtype)
     path = _decode_path(decoder, decode_path)
-    decoder.stats["path"] = path
     sampling = decode_loop.Sampling(float(temperature), top_k, top_p)
     failed = False
     with decoder.borrowed_caches(batch, max_length) as caches:
@@ -553,6 +557,9 @@ def generate(
         key_mask_tensor = None if mask.all() else keras.ops.convert_to_tensor(key_mask)
         logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
         decoder.bind_step(caches, key_mask_tensor)
+        if decode_path == "auto":
+            path = decoder.default_path()
+        decoder.stats["path"] = path
         if path == "per_token":
             new_tokens = _per_token(
                 decoder, logits, caches, key_mask_tensor, length, max_new_tokens, sampling, eos, rng

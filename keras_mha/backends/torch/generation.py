@@ -90,6 +90,12 @@ def model_step(layout, caches, previous=None):
     return ModelStep.bind(layout, caches, previous)
 
 
+def greedy(logits, step, finished):
+    """`device_loop`'s `choose` for greedy tokens without EOS ids: the argmax (ties to
+    the lowest id, as `decode_loop.choose_tokens`) in one torch call."""
+    return logits.argmax(-1), finished
+
+
 def eager_step(forward):
     """`forward`'s logits, the step of `device_loop` without compilation (any device)."""
 
@@ -128,6 +134,7 @@ __all__ = [
     "decode_threads",
     "device_loop",
     "eager_step",
+    "greedy",
     "model_step",
     "on_cuda",
 ]

@@ -120,6 +120,86 @@ def serves(layout, caches) -> bool:
     return fused_bytes(layout) <= FUSED_BYTES
 
 
+_POSITIONS: list = []
+
+
+def _position(index):
+    """The `(1,)` int64 tensor of a cache position, made once (`index_copy_` reads it)."""
+    while len(_POSITIONS) <= index:
+        _POSITIONS.append(torch.tensor([len(_POSITIONS)], dtype=torch.int64))
+    return _POSITIONS[index]
+
+
+class _Norm:
+    """An RMS norm or LayerNorm over the last axis (`NormLayout`), float32.
+
+    Before a product, an RMS norm's scale is folded into the product's matrix
+    (`fold`), and the per-row factor `rsqrt(sum(x^2) + width * epsilon)` (`factor`,
+    one batched dot product and two in-place calls) multiplies the product's rows: the
+    same value as normalising first, in three calls instead of six.
+    """
+
+    def __init__(self, record):
+        self.rms = record.kind == "rms"
+        self.epsilon = record.epsilon
+        self.width = int(record.scale.shape[-1])
+        scale = _tensor(record.scale)
+        self.weight = scale + record.scale_offset if record.scale_offset else scale
+        self.bias = _tensor(record.bias)
+
+    @classmethod
+    def optional(cls, record):
+        return None if record is None else cls(record)
+
+    def fold(self, matrix):
+        """`matrix` `(width, units)` with the RMS scale (and `sqrt(width)`) folded in."""
+        return matrix * (self.weight * self.width**0.5)[:, None]
+
+    def factor(self, buffers):
+        """`(B, 1)`: `rsqrt(sum(x^2) + width * epsilon)` of `buffers.x`'s rows."""
+        torch.bmm(buffers.rows, buffers.columns, out=buffers.squares)
+        return buffers.squares.add_(self.width * self.epsilon).rsqrt_().view(-1, 1)
+
+    def __call__(self, x):
+        """The norm of `x`, as a new tensor."""
+        if self.rms:
+            scale = (x * x).mean(dim=-1, keepdim=True).add_(self.epsilon).rsqrt_()
+            return (x * scale).mul_(self.weight)
+        return _functional.layer_norm(x, (self.width,), self.weight, self.bias, self.epsilon)
+
+
+class _NormedProduct:
+    """`norm(x) @ matrix + bias` written into a buffer (see `_Norm`)."""
+
+    def __init__(self, norm, matrix, bias):
+        self.norm = norm
+        self.matrix = norm.fold(matrix) if norm.rms else matrix
+        self.bias = bias
+
+    def __call__(self, buffers, out):
+        if self.norm.rms:
+            factor = self.norm.factor(buffers)
+            torch.mm(buffers.x, self.matrix, out=out)
+            out.mul_(factor)
+            if self.bias is not None:
+                out.add_(self.bias)
+        elif self.bias is None:
+            torch.mm(self.norm(buffers.x), self.matrix, out=out)
+        else:
+            torch.addmm(self.bias, self.norm(buffers.x), self.matrix, out=out)
+        return out
+
+
+class _Buffers:
+    """A step's hidden state `x` `(B, hidden)`, updated in place, with its views."""
+
+    def __init__(self, batch, hidden):
+        self.x = torch.zeros(batch, hidden)
+        self.rows = self.x.view(batch, 1, hidden)
+        self.columns = self.x.view(batch, hidden, 1)
+        self.squares = torch.zeros(batch, 1, 1)
+
+
 class _Block:
     """One block's bound tensors and traits (see the module docstring)."""
 
@@ -129,116 +209,122 @@ class _Block:
         self.head_dim = head_dim = attention.head_dim
         self.window = attention.sliding_window
         self.causal = attention.causal
-        options = attention._attention_options(None, False, None)
-        scale = options.scale
+        scale = attention._attention_options(None, False, None).scale
         query = _tensor(attention.query_kernel) * scale
         key = _tensor(attention.key_kernel)
         value = _tensor(attention.value_kernel)
+        columns = [query, key, value]
         biases = None
         if attention.use_bias:
-            biases = (
-                _tensor(attention.query_bias) * scale,
-                _tensor(attention.key_bias),
-                _tensor(attention.value_bias),
-            )
-        columns = [query, key, value]
-        bias_columns = None if biases is None else list(biases)
+            query_bias = _tensor(attention.query_bias) * scale
+            biases = [query_bias, _tensor(attention.key_bias), _tensor(attention.value_bias)]
         self.rope = None
         rotary_dim = attention.rotary_embedding.rotary_dim(head_dim) if attention.use_rope else 0
         if rotary_dim:
             columns += [_rotate_half(query, rotary_dim), _rotate_half(key, rotary_dim)]
             if biases is not None:
-                bias_columns += [
-                    _rotate_half(biases[0], rotary_dim),
-                    _rotate_half(biases[1], rotary_dim),
-                ]
+                biases += [_rotate_half(b, rotary_dim) for b in biases[:2]]
             self.rope = rope_tables.tables(attention, rotary_dim)
         inputs = query.shape[0]
-        self.qkv = torch.cat([c.reshape(inputs, -1) for c in columns], dim=1)
-        self.qkv_bias = None
-        if bias_columns is not None:
-            self.qkv_bias = torch.cat([b.reshape(-1) for b in bias_columns])
         self.query_width = self.heads * head_dim
         self.qk_width = self.query_width + self.key_heads * head_dim
         self.value_end = self.qk_width + self.key_heads * head_dim
+        self.attention_input = _NormedProduct(
+            _Norm(block.attention_norm),
+            torch.cat([c.reshape(inputs, -1) for c in columns], dim=1),
+            None if biases is None else torch.cat([b.reshape(-1) for b in biases]),
+        )
         output = _tensor(attention.output_kernel)
         gates = _tensor(attention.head_gates)
         if not bool((gates == 1).all()):
             output = output * gates.to(output.dtype)[:, None, None]
         self.output = output.reshape(-1, output.shape[-1])
         self.output_bias = _tensor(attention.output_bias) if attention.use_output_bias else None
-        self.attention_norm = _Norm(block.attention_norm)
         self.post_attention_norm = _Norm.optional(block.post_attention_norm)
-        self.mlp_norm = _Norm(block.mlp_norm)
         self.post_mlp_norm = _Norm.optional(block.post_mlp_norm)
         self.parallel = block.parallel_residual
         self.activation = model_calls.activation(*block.activation)
         self.intermediate = int(block.up.kernel.shape[-1])
-        if block.gate is None:
-            self.up, self.up_bias = _tensor(block.up.kernel), _tensor(block.up.bias)
-        else:
-            self.up = torch.cat([_tensor(block.gate.kernel), _tensor(block.up.kernel)], dim=1)
-            self.up_bias = None
-            if block.gate.bias is not None:
-                self.up_bias = torch.cat([_tensor(block.gate.bias), _tensor(block.up.bias)])
         self.gated = block.gate is not None
+        up, up_bias = _tensor(block.up.kernel), _tensor(block.up.bias)
+        if self.gated:
+            up = torch.cat([_tensor(block.gate.kernel), up], dim=1)
+            if up_bias is not None:
+                up_bias = torch.cat([_tensor(block.gate.bias), up_bias])
+        self.mlp_input = _NormedProduct(_Norm(block.mlp_norm), up, up_bias)
         self.down, self.down_bias = _tensor(block.down.kernel), _tensor(block.down.bias)
+        self.batch = None
 
-    def attend(self, x, cache, position):
-        """The attention branch's output `(B, hidden)` before its residual."""
-        batch = x.shape[0]
-        hidden = self.attention_norm(x)
-        projected = _linear(hidden, self.qkv, self.qkv_bias)
-        if self.rope is None:
-            query_key = projected[:, : self.qk_width]
+    def bind(self, batch, cache):
+        """Buffers for `batch` rows and their views; `cache` is this block's `KVCache`."""
+        if self.batch != batch:
+            self.batch = batch
+            key_heads, head_dim = self.key_heads, self.head_dim
+            self.projected = torch.zeros(batch, self.attention_input.matrix.shape[1])
+            if self.rope is None:
+                query_key = self.projected[:, : self.qk_width]
+                self.unrotated = self.rotating = None
+            else:
+                query_key = self.query_key = torch.zeros(batch, self.qk_width)
+                self.unrotated = self.projected[:, : self.qk_width]
+                self.rotating = self.projected[:, self.value_end :]
+            self.queries = query_key[:, : self.query_width].view(batch, key_heads, -1, head_dim)
+            self.new_key = query_key[:, self.query_width :].view(batch, key_heads, 1, head_dim)
+            self.new_value = self.projected[:, self.qk_width : self.value_end].view(
+                batch, key_heads, 1, head_dim
+            )
+            self.up = torch.zeros(batch, self.mlp_input.matrix.shape[1])
+            if self.gated:
+                self.gate_half = self.up[:, : self.intermediate]
+                self.up_half = self.up[:, self.intermediate :]
+        self.cache = cache
+
+    def __call__(self, buffers, position):
+        """`buffers.x` after this block, in place."""
+        x = buffers.x
+        if self.parallel:  # both branches read the block's input
+            self.mlp_input(buffers, self.up)
+            self._attention(buffers, position)
+            self._mlp_output(x)
         else:
+            self._attention(buffers, position)
+            self.mlp_input(buffers, self.up)
+            self._mlp_output(x)
+
+    def _attention(self, buffers, position):
+        self.attention_input(buffers, self.projected)
+        if self.rope is not None:
             cos, sin = self.rope
-            query_key = projected[:, : self.qk_width].mul(cos[position])
-            query_key.addcmul_(projected[:, self.value_end :], sin[position])
-        head_dim, key_heads = self.head_dim, self.key_heads
-        cache.key.select(2, position).copy_(
-            query_key[:, self.query_width :].view(batch, key_heads, head_dim)
-        )
-        cache.value.select(2, position).copy_(
-            projected[:, self.qk_width : self.value_end].view(batch, key_heads, head_dim)
-        )
+            torch.mul(self.unrotated, cos[position], out=self.query_key)
+            self.query_key.addcmul_(self.rotating, sin[position])
+        cache, index = self.cache, _position(position)
+        cache.key.index_copy_(2, index, self.new_key)
+        cache.value.index_copy_(2, index, self.new_value)
         first, stop = masks.visible_prefix(position, 1, self.window, self.causal)
-        # The query heads of each KV head's group are that head's queries: plain SDPA.
-        queries = query_key[:, : self.query_width].view(batch, key_heads, -1, head_dim)
         keys = cache.key.narrow(2, first, stop - first)
         values = cache.value.narrow(2, first, stop - first)
-        attended = _sdpa(queries, keys, values, scale=1.0).view(batch, -1)
-        return attended
+        # The query heads of each KV head's group are that head's queries: plain SDPA.
+        attended = _sdpa(self.queries, keys, values, scale=1.0).view(self.batch, -1)
+        x = buffers.x
+        if self.post_attention_norm is not None:
+            output = _linear(attended, self.output, self.output_bias)
+            x.add_(self.post_attention_norm(output))
+            return
+        x.addmm_(attended, self.output)
+        if self.output_bias is not None:
+            x.add_(self.output_bias)
 
-    def __call__(self, x, cache, position):
-        attended = self.attend(x, cache, position)
-        if self.parallel:
-            outputs = self._attention_output(attended, x)
-            return self._mlp(self.mlp_norm(x), outputs)
-        hidden = self._attention_output(attended, x)
-        return self._mlp(self.mlp_norm(hidden), hidden)
-
-    def _attention_output(self, attended, residual):
-        if self.post_attention_norm is None:
-            if self.output_bias is None:
-                return torch.addmm(residual, attended, self.output)
-            return torch.addmm(self.output_bias, attended, self.output).add_(residual)
-        output = self.post_attention_norm(_linear(attended, self.output, self.output_bias))
-        return output.add_(residual)
-
-    def _mlp(self, hidden, residual):
-        """`residual + mlp(hidden)` (`hidden` normalised)."""
-        up = _linear(hidden, self.up, self.up_bias)
+    def _mlp_output(self, x):
         if self.gated:
-            inner = self.activation(up[:, : self.intermediate]).mul_(up[:, self.intermediate :])
+            inner = self.activation(self.gate_half).mul_(self.up_half)
         else:
-            inner = self.activation(up)
-        if self.post_mlp_norm is None and self.down_bias is None:
-            return torch.addmm(residual, inner, self.down)
-        output = _linear(inner, self.down, self.down_bias)
+            inner = self.activation(self.up)
         if self.post_mlp_norm is not None:
-            output = self.post_mlp_norm(output)
-        return output.add_(residual)
+            x.add_(self.post_mlp_norm(_linear(inner, self.down, self.down_bias)))
+            return
+        x.addmm_(inner, self.down)
+        if self.down_bias is not None:
+            x.add_(self.down_bias)
 
 
 def _linear(rows, matrix, bias):
@@ -254,29 +340,6 @@ def _rotate_half(kernel, rotary_dim):
     if rotary_dim < kernel.shape[-1]:
         parts.append(torch.zeros_like(kernel[..., rotary_dim:]))
     return torch.cat(parts, dim=-1)
-
-
-class _Norm:
-    """An RMS norm or LayerNorm over the last axis, in float32 (`NormLayout`)."""
-
-    def __init__(self, record):
-        self.epsilon = record.epsilon
-        self.shape = (int(record.scale.shape[-1]),)
-        scale = _tensor(record.scale)
-        self.rms = record.kind == "rms"
-        self.weight = scale + record.scale_offset if record.scale_offset else scale
-        self.bias = _tensor(record.bias)
-
-    @classmethod
-    def optional(cls, record):
-        return None if record is None else cls(record)
-
-    def __call__(self, x):
-        if self.rms:
-            # Not `rms_norm`, which on the CPU runs as some ten calls and conversions.
-            scale = (x * x).mean(dim=-1, keepdim=True).add_(self.epsilon).rsqrt_()
-            return (x * scale).mul_(self.weight)
-        return _functional.layer_norm(x, self.shape, self.weight, self.bias, self.epsilon)
 
 
 class RopeTables:
@@ -322,17 +385,16 @@ class ModelStep:
         tables = RopeTables(length)
         self.blocks = [_Block(block, tables) for block in layout.blocks]
         self.table = _tensor(layout.token_embedding)
+        self.hidden_size = int(self.table.shape[1])
         self.positions = _tensor(layout.position_embedding)
         self.embedding_scale = layout.embedding_scale
         if self.embedding_scale is not None:  # Gemma rounds sqrt(hidden) to the dtype first
             self.embedding_scale = float(torch.tensor(self.embedding_scale, dtype=torch.float32))
-        self.final_norm = _Norm(layout.final_norm)
-        if layout.lm_head is None:
-            self.head, self.head_bias = self.table.t(), None
-        else:
-            self.head = _tensor(layout.lm_head.kernel)
-            self.head_bias = _tensor(layout.lm_head.bias)
+        head = self.table.t() if layout.lm_head is None else _tensor(layout.lm_head.kernel)
+        head_bias = None if layout.lm_head is None else _tensor(layout.lm_head.bias)
+        self.head = _NormedProduct(_Norm(layout.final_norm), head, head_bias)
         self.soft_cap = layout.logit_soft_cap
+        self.buffers = None
         self.caches = None
 
     @classmethod
@@ -346,8 +408,20 @@ class ModelStep:
         step = previous
         if step is None or step.length < length or not step.matches(layout):
             step = cls(layout, length)
+        batch = int(caches[0].key.shape[0])
+        if step.buffers is None or step.buffers.x.shape[0] != batch:
+            step.buffers = _Buffers(batch, step.hidden_size)
+        for block, cache in zip(step.blocks, caches, strict=True):
+            block.bind(batch, cache)
         step.caches = list(caches)
+        step.stop = int(caches[0].key.shape[2])
         return step
+
+    def release(self):
+        """Forget the bound caches (they are not kept alive until the next call)."""
+        for block in self.blocks:
+            block.cache = None
+        self.caches = None
 
     def matches(self, layout):
         fingerprint = _layout_tensors(layout)
@@ -361,18 +435,20 @@ class ModelStep:
     def logits(self, tokens, position):
         """`(B, V)` float32 logits of `tokens` `(B,)` written into the bound caches at
         `position` (an int below the caches' length)."""
-        if not 0 <= position < self.caches[0].key.shape[2]:
-            kv_cache.check_static_write(position, 1, self.caches[0].key.shape[2])
-        x = _functional.embedding(tokens, self.table)
+        if not 0 <= position < self.stop:
+            kv_cache.check_static_write(position, 1, self.stop)
+        buffers = self.buffers
+        x = torch.index_select(self.table, 0, tokens, out=buffers.x)
         if self.embedding_scale is not None:
-            x = x * self.embedding_scale
+            x.mul_(self.embedding_scale)
         if self.positions is not None:
-            x = x + self.positions[position]
-        for block, cache in zip(self.blocks, self.caches, strict=True):
-            x = block(x, cache, position)
-        logits = _linear(self.final_norm(x), self.head, self.head_bias)
+            x.add_(self.positions[position])
+        for block in self.blocks:
+            block(buffers, position)
+        head = self.head
+        logits = self.head(buffers, torch.empty(x.shape[0], head.matrix.shape[1]))
         if self.soft_cap is not None:
-            logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
+            logits.div_(self.soft_cap).tanh_().mul_(self.soft_cap)
         return logits
 
     def forward(self, token_ids, key_mask, caches, index):
@@ -381,7 +457,7 @@ class ModelStep:
         enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # cheaper than `torch.no_grad()`'s wrapper
         try:
-            return self.logits(token_ids.reshape(-1).long(), int(index)), caches
+            return self.logits(token_ids.view(-1), index), caches
         finally:
             torch._C._set_grad_enabled(enabled)
 
