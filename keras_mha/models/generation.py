@@ -8,7 +8,11 @@ weights passed as arguments, the caches donated so that XLA updates them in plac
 `tf.function(jit_compile=True)` on TensorFlow (the caches are variables, created outside
 the function and updated in place by it: `init_cache(..., variables=True)`), and eager
 PyTorch (the caches written in place; measured faster than `torch.compile` for
-single-token CPU steps; pass `compile_torch=True` to try it). On the CPU, PyTorch's steps
+single-token CPU steps; pass `compile_torch=True` to try it). On PyTorch's CPU a decode
+step is the whole model's step in torch ops on weights bound once per call
+(`keras_mha.backends.torch.model_step`) wherever it serves the model and the call
+(`generation_stats(model)["step"]` is then `"whole_model"`), else the layers' eager
+calls. On the CPU, PyTorch's steps
 run on the intra-op thread count that times fastest, torch's own or one
 (`keras_mha.backends.torch.threads`; `generation_stats(model)["decode_threads"]`). No
 step copies the caches.
@@ -511,7 +515,9 @@ def generate(
         eos_token_id: id or ids that end a row; the row is then filled with the first one,
             and generation stops early when every row has ended.
         padding_mask: `(B, T)`, False at left padding.
-        compile_torch: on PyTorch, `torch.compile` the prefill and step.
+        compile_torch: on PyTorch, `torch.compile` the prefill, and the step where the
+            whole-model step does not serve (on the CPU it measured faster than the
+            compiled step; `generation_stats(model)["step"]` says which ran).
         decode_path: how the tokens after the prefill are decoded, one of
             `DECODE_PATHS`: "auto" (the default) takes the fastest measured for the
             backend and device; `generation_stats(model)["path"]` says which ran.
