@@ -13,9 +13,12 @@ and the layers' checks cost more. `ModelStep` runs the step of a model described
   rows of tables made once (1 and 0 on features that do not rotate);
 - the key and value written into the cache in place, one query per KV head group
   attending over the written prefix (a view) in one SDPA call;
-- the output projection and the residual in one `addmm` (head gates folded into the
+- the output projection and the residual in one `addmm_` (head gates folded into the
   output kernel when one is not 1), the gate and up projections in one product, the
-  activation and gating written into it, the down projection and residual in one `addmm`.
+  activation and gating written into it, the down projection and residual in one `addmm_`;
+- an RMS norm before a product as its scale folded into the product's matrix and one
+  factor per row (`_Norm`); the hidden state, the projections and the MLP's activations
+  in buffers made once per batch size, with their views.
 
 The fused matrices are copies of the kernels: they are made only for models whose
 copies fit in `FUSED_BYTES` (the host cost matters for small models; a large one keeps
@@ -82,8 +85,8 @@ def _layout_tensors(layout):
 
 
 def fused_bytes(layout) -> int:
-    """Bytes of the matrices `ModelStep` makes for `layout`: QKV (and the rotated QK
-    copy), the gated MLP's gate and up together, gated output kernels."""
+    """Bytes of the matrices `ModelStep` makes for `layout` (at most): QKV and the
+    rotated QK copy, the MLP's gate and up, the output kernels, the LM head."""
     total = 0
     for block in layout.blocks:
         attention = block.attention
@@ -91,9 +94,11 @@ def fused_bytes(layout) -> int:
             total += _numel(kernel)
         if attention.use_rope:
             total += _numel(attention.query_kernel) + _numel(attention.key_kernel)
+        total += _numel(attention.output_kernel) + _numel(block.up.kernel)
         if block.gate is not None:
-            total += _numel(block.gate.kernel) + _numel(block.up.kernel)
-    return total * 4
+            total += _numel(block.gate.kernel)
+    head = layout.token_embedding if layout.lm_head is None else layout.lm_head.kernel
+    return (total + _numel(head)) * 4
 
 
 def _numel(variable):
@@ -158,7 +163,8 @@ class _Norm:
     def factor(self, buffers):
         """`(B, 1)`: `rsqrt(sum(x^2) + width * epsilon)` of `buffers.x`'s rows."""
         torch.bmm(buffers.rows, buffers.columns, out=buffers.squares)
-        return buffers.squares.add_(self.width * self.epsilon).rsqrt_().view(-1, 1)
+        buffers.squares.add_(self.width * self.epsilon).rsqrt_()
+        return buffers.factor
 
     def __call__(self, x):
         """The norm of `x`, as a new tensor."""
@@ -176,13 +182,19 @@ class _NormedProduct:
         self.matrix = norm.fold(matrix) if norm.rms else matrix
         self.bias = bias
 
-    def __call__(self, buffers, out):
+    def __call__(self, buffers, out=None):
+        """The product, into `out` (a new tensor when None)."""
         if self.norm.rms:
             factor = self.norm.factor(buffers)
-            torch.mm(buffers.x, self.matrix, out=out)
+            if out is None:
+                out = torch.mm(buffers.x, self.matrix)
+            else:
+                torch.mm(buffers.x, self.matrix, out=out)
             out.mul_(factor)
             if self.bias is not None:
                 out.add_(self.bias)
+        elif out is None:
+            out = _linear(self.norm(buffers.x), self.matrix, self.bias)
         elif self.bias is None:
             torch.mm(self.norm(buffers.x), self.matrix, out=out)
         else:
@@ -198,6 +210,7 @@ class _Buffers:
         self.rows = self.x.view(batch, 1, hidden)
         self.columns = self.x.view(batch, hidden, 1)
         self.squares = torch.zeros(batch, 1, 1)
+        self.factor = self.squares.view(batch, 1)
 
 
 class _Block:
@@ -445,8 +458,7 @@ class ModelStep:
             x.add_(self.positions[position])
         for block in self.blocks:
             block(buffers, position)
-        head = self.head
-        logits = self.head(buffers, torch.empty(x.shape[0], head.matrix.shape[1]))
+        logits = self.head(buffers)  # a new tensor: the caller keeps it past the next step
         if self.soft_cap is not None:
             logits.div_(self.soft_cap).tanh_().mul_(self.soft_cap)
         return logits
