@@ -271,7 +271,7 @@ class _CompiledDecoder:
             step = home.eager_step(self._bound_step or self._eager_forward)
         self.stats["loop_calls"] += 1
         choose = decode_loop.chooser(shape, draws, eos_ids, values)
-        if not shape.sampling_key[0] and not shape.stops:
+        if self._bound_step is not None and not shape.sampling_key[0] and not shape.stops:
             choose = home.greedy  # the same argmax without Keras's dispatch
         with self.tuned_steps(step) as step:
             tokens, _ = home.device_loop(
