@@ -13,7 +13,7 @@ import pytest
 from keras import ops
 
 from keras_mha.errors import ExportError, UsageError
-from keras_mha.models import from_pretrained, generate, save_pretrained
+from keras_mha.models import from_pretrained, generate, generation_stats, save_pretrained
 from tests.cards.test_rebuild_minilm import SENTENCES, minilm_directory
 from tests.models.test_minilm import sentence_embeddings
 from tests.models_checkpoints import checkpoint
@@ -92,6 +92,8 @@ def test_quantized_generate_is_its_own_greedy_argmax(llama):
     model = from_pretrained(llama.directory, quantize="int8")
     prompt = llama.token_ids[:1, :5].astype("int32")
     tokens = generate(model, prompt, 4)
+    if keras.backend.backend() == "torch":  # Keras's quantized layers: not the whole-model step
+        assert generation_stats(model)["step"] == "layers"
     logits = ops.convert_to_numpy(model(tokens[:, :-1]))
     np.testing.assert_array_equal(tokens[0, 5:], logits[0, 4:].argmax(-1))
 
