@@ -42,7 +42,7 @@ PROMPT_LENGTH = 8
 PATHS = {
     "jax": ("loop", "per_token"),
     "tensorflow": ("loop", "per_token"),
-    "torch": ("per_token", "device_loop"),
+    "torch": ("device_loop", "per_token"),  # the CPU's default with the whole-model step
 }
 REFERENCE = "transformers static + compile"
 
@@ -60,12 +60,17 @@ def parse_args(argv):
     parser.add_argument("--compile-torch", action="store_true",
                         help="also time generate(compile_torch=True) on torch")  # fmt: skip
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--transformers-threads", type=int, default=None,
+                        help="torch's intra-op threads for transformers (default: torch's "
+                             "own; keras-mha times its own count and one)")  # fmt: skip
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)  # a worker's model folder
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.new_tokens < 2 or arguments.rounds < 1:
         parser.error("--new-tokens must be at least 2 and --rounds positive")
+    if arguments.transformers_threads is not None and arguments.transformers_threads < 1:
+        parser.error(f"--transformers-threads {arguments.transformers_threads}: expected >= 1")
     names = [name.strip() for name in arguments.backends.split(",") if name.strip()]
     if not names or any(name not in BACKENDS for name in names):
         parser.error(f"--backends {arguments.backends!r}: expected a subset of {BACKENDS}")
@@ -136,6 +141,8 @@ def transformers_rows(arguments) -> dict:
     import torch
     import transformers
 
+    if arguments.transformers_threads is not None:
+        torch.set_num_threads(arguments.transformers_threads)
     model = transformers.AutoModelForCausalLM.from_pretrained(arguments.checkpoint).eval()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
@@ -160,6 +167,12 @@ def transformers_rows(arguments) -> dict:
         REFERENCE: run(cache_implementation="static", compile_config=compiled),
     }
     return {"rows": per_token_seconds(entries, arguments.new_tokens, arguments.rounds)}
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def write_checkpoint(folder: str) -> None:
@@ -191,6 +204,7 @@ def render(report: dict, markdown: bool) -> str:
         f"{PROMPT_LENGTH}-token prompt, medians of {report['rounds']} rounds (quartiles); "
         f"{report['machine']['processor']}, {report['machine']['cpus']} CPUs, "
         f"load {report['load_average']}, {report['machine']['date']}",
+        f"transformers on {report['transformers_threads']} torch thread(s)",
         f"default decode paths: {report['default_path']}",
         "",
     ]
@@ -221,6 +235,7 @@ def main(argv=None) -> int:
         if not arguments.no_transformers:
             report["rows"].update(transformers_rows(arguments)["rows"])
     report["machine"] = machine()
+    report["transformers_threads"] = arguments.transformers_threads or _torch_threads()
     report["load_average"] = [round(x, 1) for x in os.getloadavg()]
     if arguments.format == "json":
         print(json.dumps(report, indent=2))

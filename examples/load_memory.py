@@ -18,9 +18,9 @@ model code, one tensor's transposing copy, the backend's work while creating the
 variables). The target is < 1.5x. `held_after_load` is the RSS once loading returned.
 
 With `--quantize int8` (or `int4`, `float8`), each backend runs two processes instead:
-`from_pretrained(folder, quantize=mode)`, which quantizes layer by layer while loading,
-and `from_pretrained(folder)` followed by `model.quantize(mode)`; both peaks are read the
-same way (docs/guides/quantization.md).
+`from_pretrained(folder, quantize=mode)`, which builds the quantized layers directly and
+quantizes each tensor as it is read, and `from_pretrained(folder)` followed by
+`model.quantize(mode)`; both peaks are read the same way (docs/guides/quantization.md).
 
 Run (all three backends, one process each; about a minute on 2 cores):
 

@@ -305,17 +305,12 @@ class GroupedQueryAttention(keras.layers.Layer):
         self.built = True
 
     def _build_kernels(self, query_features, key_features, value_features, output_dim):
-        heads, kv_heads, head_dim = self.num_heads, self.num_key_value_heads, self.head_dim
-        self.query_kernel = self._add_kernel("query_kernel", (query_features, heads, head_dim))
-        self.key_kernel = self._add_kernel("key_kernel", (key_features, kv_heads, head_dim))
-        self.value_kernel = self._add_kernel("value_kernel", (value_features, kv_heads, head_dim))
-        if self.use_bias:
-            self.query_bias = self._add_bias("query_bias", (heads, head_dim))
-            self.key_bias = self._add_bias("key_bias", (kv_heads, head_dim))
-            self.value_bias = self._add_bias("value_bias", (kv_heads, head_dim))
-        self.output_kernel = self._add_kernel("output_kernel", (heads, head_dim, output_dim))
-        if self.use_output_bias:
-            self.output_bias = self._add_bias("output_bias", (output_dim,))
+        shapes = quantization.float_shapes(
+            self, query_features, key_features, value_features, output_dim
+        )
+        for name, shape in shapes.items():
+            add = self._add_kernel if name.endswith("_kernel") else self._add_bias
+            setattr(self, name, add(name, shape))
 
     # ----------------------------------------------------------- quantization
     def quantize(self, mode=None, type_check=True, config=None):

@@ -54,6 +54,54 @@ def _shapes(layer, query_features, key_features, value_features, output_dim):
     }
 
 
+def float_shapes(layer, query_features, key_features, value_features, output_dim):
+    """`{name: shape}` of a float layer's projection variables, in the order it builds them.
+
+    Kernels are `(features, heads, head_dim)` (the output's `(heads, head_dim, output_dim)`),
+    biases `(heads, head_dim)` (the output's `(output_dim,)`); biases only where used.
+
+    Example:
+        >>> layer = GroupedQueryAttention(4, 2, head_dim=8)
+        >>> float_shapes(layer, 32, 32, 32, 32)["key_kernel"]
+        (32, 2, 8)
+    """
+    heads, kv_heads, head_dim = layer.num_heads, layer.num_key_value_heads, layer.head_dim
+    shapes = {
+        "query_kernel": (query_features, heads, head_dim),
+        "key_kernel": (key_features, kv_heads, head_dim),
+        "value_kernel": (value_features, kv_heads, head_dim),
+    }
+    if layer.use_bias:
+        shapes["query_bias"] = (heads, head_dim)
+        shapes["key_bias"] = shapes["value_bias"] = (kv_heads, head_dim)
+    shapes["output_kernel"] = (heads, head_dim, output_dim)
+    if layer.use_output_bias:
+        shapes["output_bias"] = (output_dim,)
+    return shapes
+
+
+def float_variables_of_quantized(layer):
+    """`{float variable name: (projection Dense, float shape)}` of a quantized `layer`: where
+    each variable of the float layer lives once the layer is quantized (checkpoint loading
+    quantizes straight into the Dense, `keras_mha.models.quantized_loading`).
+
+    Example:
+        >>> layer = GroupedQueryAttention(4, 2, head_dim=8, dtype="int8_from_float32")
+        >>> layer.build((None, None, 32))
+        >>> dense, shape = float_variables_of_quantized(layer)["output_kernel"]
+        >>> dense.name, shape
+        ('output_dense', (4, 8, 32))
+    """
+    output_dim = layer.output_dim or layer._query_features
+    shapes = float_shapes(
+        layer, layer._query_features, layer._key_features, layer._value_features, output_dim
+    )
+    return {
+        name: (getattr(layer, f"{name.split('_')[0]}_dense"), shape)
+        for name, shape in shapes.items()
+    }
+
+
 def _use_bias(layer, name):
     return layer.use_output_bias if name == "output" else layer.use_bias
 
@@ -90,16 +138,16 @@ _frozen = [0]
 def cheap_collections():
     """Within it, the `gc.collect()` Keras runs per deleted variable (`Dense.quantize`
     deletes the float kernel) scans only objects made inside: the rest are frozen
-    (`gc.freeze`), which takes the time of a quantized model's load from minutes to seconds
-    in a large process. Float buffers are still freed by reference counting; reentrant.
+    (`gc.freeze`), which takes the time of `model.quantize` from minutes to seconds in a
+    large process. Float buffers are still freed by reference counting. Reentrant: a nested
+    entry freezes what was made since the outer one; only the outermost exit unfreezes.
 
     Example:
         >>> with cheap_collections():
         ...     pass
     """
     _frozen[0] += 1
-    if _frozen[0] == 1:
-        gc.freeze()
+    gc.freeze()  # on every entry: what was made since an outer entry is frozen out too
     try:
         yield
     finally:
@@ -164,6 +212,8 @@ __all__ = [
     "build_quantized",
     "cheap_collections",
     "float_policy",
+    "float_shapes",
+    "float_variables_of_quantized",
     "quantize_attention",
     "refuse_quantized",
 ]

@@ -8,7 +8,11 @@ weights passed as arguments, the caches donated so that XLA updates them in plac
 `tf.function(jit_compile=True)` on TensorFlow (the caches are variables, created outside
 the function and updated in place by it: `init_cache(..., variables=True)`), and eager
 PyTorch (the caches written in place; measured faster than `torch.compile` for
-single-token CPU steps; pass `compile_torch=True` to try it). On the CPU, PyTorch's steps
+single-token CPU steps; pass `compile_torch=True` to try it). On PyTorch's CPU a decode
+step is the whole model's step in torch ops on weights bound once per call
+(`keras_mha.backends.torch.model_step`) wherever it serves the model and the call
+(`generation_stats(model)["step"]` is then `"whole_model"`), else the layers' eager
+calls. On the CPU, PyTorch's steps
 run on the intra-op thread count that times fastest, torch's own or one
 (`keras_mha.backends.torch.threads`; `generation_stats(model)["decode_threads"]`). No
 step copies the caches.
@@ -51,6 +55,7 @@ from keras_mha import backends
 from keras_mha.backends.common import kv_cache
 from keras_mha.errors import UsageError
 from keras_mha.models import decode_loop
+from keras_mha.models.decoder_layout import decoder_layout
 from keras_mha.models.direct_calls import direct_calls, supports_direct_calls
 from keras_mha.models.eager_calls import eager_calls
 from keras_mha.planning.config_values import shown
@@ -99,6 +104,10 @@ class _CompiledDecoder:
         }
         self._loops = {}  # LoopShape -> the compiled loop (JAX, TensorFlow)
         self._cuda_step = None
+        # PyTorch on the CPU: the whole model's step in torch ops (kept: its fused
+        # matrices serve later calls), and the step this call decodes with, if bound.
+        self._model_step = None
+        self._bound_step = None
         # PyTorch on the CPU: the steps' thread count, chosen by timing them.
         home = self.backend.generation
         self._threads = None if home is None else home.decode_threads(model)
@@ -125,6 +134,9 @@ class _CompiledDecoder:
         try:
             yield caches
         finally:
+            self._bound_step = None
+            if self._model_step is not None:
+                self._model_step.release()  # the caches are not kept until the next call
             if self.keeps_caches:
                 self._spare_caches[batch, max_length] = caches
 
@@ -183,9 +195,25 @@ class _CompiledDecoder:
         self.stats["prefill_calls"] += 1
         return self._prefill(token_ids, key_mask, caches, 0)
 
+    def bind_step(self, caches, key_mask):
+        """Choose this call's decode step: on PyTorch's CPU, the whole model's step in
+        torch ops (`backends.torch.model_step`, measured the fastest) where it serves
+        the model and `caches` without a key mask; else the step `_make` made (the
+        layers' eager calls, or `torch.compile`'s). `stats["step"]` says which."""
+        home = self.backend.generation
+        found = None
+        if home is not None and key_mask is None:
+            found = home.model_step(decoder_layout(self.model), caches, self._model_step)
+        if found is not None:
+            self._model_step = found
+        self._bound_step = None if found is None else found.forward
+        if home is not None:
+            kind = "compiled" if self.compile_torch else "layers"
+            self.stats["step"] = "whole_model" if found is not None else kind
+
     def step(self, token_ids, key_mask, caches, index):
         self.stats["step_calls"] += 1
-        return self._step(token_ids, key_mask, caches, index)
+        return (self._bound_step or self._step)(token_ids, key_mask, caches, index)
 
     @contextlib.contextmanager
     def tuned_steps(self, step):
@@ -200,11 +228,14 @@ class _CompiledDecoder:
 
     def default_path(self):
         """The path `decode_path="auto"` takes: the backend's first (`decode_paths`): the
-        whole loop compiled on JAX and TensorFlow, CUDA graphs on a CUDA GPU, else
-        (PyTorch on the CPU) eager steps with tokens chosen on the host, measured the
-        fastest there (docs/benchmarks.md)."""
+        whole loop compiled on JAX and TensorFlow, CUDA graphs on a CUDA GPU; on
+        PyTorch's CPU, the whole-model step with tokens chosen on the device where that
+        step is bound (`bind_step`), else eager steps with tokens chosen on the host,
+        each measured the fastest there (docs/benchmarks.md)."""
         if self.paths[0] == "cuda_graph" and (self.compile_torch or self.cuda_graph_error):
             return "per_token"
+        if self.paths[0] == "per_token" and self._bound_step is not None:
+            return "device_loop"
         return self.paths[0]
 
     def _loop_forward(self, token_ids, key_mask, caches, index):
@@ -237,9 +268,11 @@ class _CompiledDecoder:
                 self.stats["loop_traces"] += 1
             step = self._cuda_step
         else:
-            step = home.eager_step(self._eager_forward)
+            step = home.eager_step(self._bound_step or self._eager_forward)
         self.stats["loop_calls"] += 1
         choose = decode_loop.chooser(shape, draws, eos_ids, values)
+        if self._bound_step is not None and not shape.sampling_key[0] and not shape.stops:
+            choose = home.greedy  # the same argmax without Keras's dispatch
         with self.tuned_steps(step) as step:
             tokens, _ = home.device_loop(
                 step, choose, logits, caches, key_mask, length, count, shape.batch, shape.stops
@@ -482,7 +515,9 @@ def generate(
         eos_token_id: id or ids that end a row; the row is then filled with the first one,
             and generation stops early when every row has ended.
         padding_mask: `(B, T)`, False at left padding.
-        compile_torch: on PyTorch, `torch.compile` the prefill and step.
+        compile_torch: on PyTorch, `torch.compile` the prefill, and the step where the
+            whole-model step does not serve (on the CPU it measured faster than the
+            compiled step; `generation_stats(model)["step"]` says which ran).
         decode_path: how the tokens after the prefill are decoded, one of
             `DECODE_PATHS`: "auto" (the default) takes the fastest measured for the
             backend and device; `generation_stats(model)["path"]` says which ran.
@@ -520,7 +555,6 @@ def generate(
 
     decoder = _decoder_for(model, compile_torch, kv_cache_dtype)
     path = _decode_path(decoder, decode_path)
-    decoder.stats["path"] = path
     sampling = decode_loop.Sampling(float(temperature), top_k, top_p)
     failed = False
     with decoder.borrowed_caches(batch, max_length) as caches:
@@ -528,6 +562,10 @@ def generate(
         # kernels compute without building a mask (and skip the masked triangle).
         key_mask_tensor = None if mask.all() else keras.ops.convert_to_tensor(key_mask)
         logits, caches = decoder.prefill(keras.ops.convert_to_tensor(ids), key_mask_tensor, caches)
+        decoder.bind_step(caches, key_mask_tensor)
+        if decode_path == "auto":
+            path = decoder.default_path()
+        decoder.stats["path"] = path
         if path == "per_token":
             new_tokens = _per_token(
                 decoder, logits, caches, key_mask_tensor, length, max_new_tokens, sampling, eos, rng

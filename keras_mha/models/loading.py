@@ -36,7 +36,6 @@ from keras_mha.models.weight_names import (
     TRANSFORMS,
     bound_rules,
     model_weight_names,
-    resolve,
 )
 from keras_mha.planning.config_values import shown
 
@@ -47,7 +46,7 @@ _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float
 # -- building the model from a spec ------------------------------------------------------------
 
 
-def build_model(spec, *, dtype="float32", initializer="default", name=None):
+def build_model(spec, *, dtype="float32", initializer="default", name=None, quantize=None):
     """An untrained `DecoderModel` / `EncoderModel` shaped like `spec`.
 
     Args:
@@ -56,6 +55,10 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         initializer: "default" (random, for training from scratch) or "zeros" (cheap,
             for weights about to be loaded).
         name: the Keras model name; default the family.
+        quantize: None, or `"int8"`, `"int4"`, `"float8"`: the layers `model.quantize(mode)`
+            would quantize (`keras_mha.models.quantize.QUANTIZED_LAYERS`) are built in that
+            mode directly, with the policy Keras's `quantize` would give them
+            (`sublayer_policies.quantized_policy`), so no float copy of them is ever made.
 
     Raises:
         UnsupportedModelError: a family or feature keras_mha.models does not build.
@@ -80,11 +83,17 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
     zeros = initializer == "zeros"
     kernel = "zeros" if zeros else "glorot_uniform"
     common = {"dtype": dtype}
+    attention_dtype, sublayer_dtypes = _quantized_sublayers(quantize, dtype)
     blocks = []
     for index in range(spec.num_hidden_layers):
         try:
             attention = build_attention(
-                spec, index, name="attention", kernel_initializer=kernel, build=False, **common
+                spec,
+                index,
+                name="attention",
+                kernel_initializer=kernel,
+                build=False,
+                dtype=attention_dtype,
             )
         except NotImplementedError as error:
             raise UnsupportedModelError(f"model_type={spec.model_type!r}: {error}") from None
@@ -103,6 +112,7 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
                 norm_bias=spec.norms.norm_bias,
                 mlp_kind=spec.mlp.mlp_kind,
                 parallel_residual=spec.norms.parallel_residual,
+                sublayer_dtypes=sublayer_dtypes,
                 name=f"block_{index}",
                 **common,
             )
@@ -114,6 +124,7 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
                 activation=activation,
                 norm_epsilon=epsilon,
                 kernel_initializer=kernel,
+                sublayer_dtypes=sublayer_dtypes,
                 name=f"block_{index}",
                 **common,
             )
@@ -154,6 +165,17 @@ def build_model(spec, *, dtype="float32", initializer="default", name=None):
         **identity,
         **common,
     )
+
+
+def _quantized_sublayers(mode, dtype):
+    """(the attention's dtype, the blocks' `sublayer_dtypes`) for a model built in `mode`."""
+    if mode is None:
+        return dtype, None
+    from keras_mha.models.quantize import QUANTIZED_LAYERS, check_mode
+    from keras_mha.models.sublayer_policies import quantized_policy
+
+    policy = quantized_policy(check_mode(mode), dtype)
+    return policy, {name: policy for name in QUANTIZED_LAYERS if name != "attention"}
 
 
 # -- finding the files ---------------------------------------------------------------------------
@@ -278,6 +300,8 @@ def choose_dtype(config: dict, dtype: str | None) -> str:
 
 def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str):
     """The bound rules, after checking names and shapes against the checkpoint headers."""
+    from keras_mha.models.quantized_loading import load_target
+
     keys = checkpoint.keys()
     prefix = names.find_prefix(keys)
     if prefix is None:
@@ -288,7 +312,7 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
             path=where,
         )
     model.hub_prefix = prefix
-    bound = bound_rules(model, names, prefix, len(model.blocks))
+    bound = bound_rules(model, names, prefix, len(model.blocks), lookup=load_target)
     expected = {rule.hub_name: rule for rule in bound}
     tied_head = getattr(model, "lm_head", "absent") is None
     unexpected = [
@@ -322,7 +346,7 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
             key=unexpected[0],
         )
     for rule in bound:
-        variable_shapes = [tuple(resolve(model, path).shape) for path in rule.variables]
+        variable_shapes = [tuple(load_target(model, path).shape) for path in rule.variables]
         want = tuple(TRANSFORMS[rule.transform].hub_shape(variable_shapes))
         have = checkpoint.shape_of(rule.hub_name)
         if have != want:
@@ -336,7 +360,7 @@ def _check_and_bind(model, names, checkpoint: SafetensorsCheckpoint, where: str)
     return bound
 
 
-def load_weights(model, checkpoint_dir, *, quantize=None, config=None) -> dict[str, str]:
+def load_weights(model, checkpoint_dir, *, config=None) -> dict[str, str]:
     """Fill `model` from a safetensors checkpoint; checked first, then one tensor at a time.
 
     Each tensor is read from the file into one aligned array, converted to the model's
@@ -347,10 +371,10 @@ def load_weights(model, checkpoint_dir, *, quantize=None, config=None) -> dict[s
     checkpoint has no tensor for (head gates) get their own initializer's value. A model
     built eagerly has its variables assigned.
 
-    With `quantize` (`"int8"`, `"int4"`, `"float8"`), the layers `model.quantize`
-    would quantize (`keras_mha.models.quantize`) are read one after another, each
-    quantized by Keras's own `quantize` as soon as its last tensor is in: the float
-    copies held at once are one layer's, not the model's.
+    Layers built quantized (`build_model(quantize=...)`, or quantized by the caller in
+    `"int8"`, `"int4"`, `"float8"`) get each float tensor quantized as it is read, with
+    Keras's own quantizers (`keras_mha.models.quantized_loading`): the only float copy
+    held is the tensor being read.
 
     Returns:
         `{variable path: hub tensor name}` for every variable filled.
@@ -360,11 +384,13 @@ def load_weights(model, checkpoint_dir, *, quantize=None, config=None) -> dict[s
             disagrees with the config, or fp8 weights and scales that do not pair up; the
             model is left untouched then.
         UnsupportedModelError: a quantized format other than fp8 blocks.
+        UsageError: a layer quantized in a mode loading does not fill (GPTQ, AWQ).
     """
     import keras
 
-    from keras_mha.models.deferred import fill, initialize_rest
+    from keras_mha.models.deferred import initialize_rest
     from keras_mha.models.quantized_checkpoints import open_checkpoint
+    from keras_mha.models.quantized_loading import fill_target, load_target
 
     dtype = keras.backend.standardize_dtype(model.variable_dtype)
     checkpoint = open_checkpoint(checkpoint_dir, config or {}, str(checkpoint_dir), dtype)
@@ -375,73 +401,21 @@ def load_weights(model, checkpoint_dir, *, quantize=None, config=None) -> dict[s
     # the model, while the last tensors' copies are small (peak: the model plus about
     # one layer's tensor, instead of plus the LM head).
     bound.sort(key=lambda rule: -checkpoint.nbytes_of(rule.hub_name))
-    if quantize is not None:
-        bound, owners = _grouped_by_quantized_layer(model, bound, checkpoint)
     sources = {}
     for rule in bound:
-        variables = [resolve(model, path) for path in rule.variables]
+        targets = [load_target(model, path) for path in rule.variables]
         tensor = checkpoint.read(rule.hub_name)
         _warn_if_nonfinite(checkpoint, rule.hub_name, tensor)
-        values = TRANSFORMS[rule.transform].to_keras(tensor, [tuple(v.shape) for v in variables])
+        values = TRANSFORMS[rule.transform].to_keras(tensor, [tuple(t.shape) for t in targets])
         del tensor
         # A fused tensor's parts are views of one buffer: each variable gets its own copy.
         shared = len(values) > 1
-        for variable, path in zip(variables, rule.variables, strict=True):
-            fill(variable, values.pop(0), shared=shared)
+        for target, path in zip(targets, rule.variables, strict=True):
+            fill_target(target, values.pop(0), shared=shared)
             sources[path] = rule.hub_name
-        if quantize is not None:
-            _quantize_when_complete(owners, rule, quantize)
         _return_freed_memory()
     initialize_rest(model.variables)
     return sources
-
-
-def _owner_path(variable_path: str) -> str:
-    return variable_path.rsplit(".", 1)[0]
-
-
-def _grouped_by_quantized_layer(model, bound, checkpoint):
-    """`bound` reordered so that each quantized layer's tensors come together (largest
-    layer first), and `{layer path: [layer, rules not read yet]}` of those layers."""
-    from keras_mha.models.quantize import is_quantized_by_default
-
-    owners = {}
-    for rule in bound:
-        for path in rule.variables:
-            layer = resolve(model, _owner_path(path))
-            if layer is not None and is_quantized_by_default(layer):
-                rules = owners.setdefault(_owner_path(path), [layer, []])[1]
-                if rule not in rules:  # a fused tensor fills several of its variables
-                    rules.append(rule)
-    size = {
-        path: sum(checkpoint.nbytes_of(rule.hub_name) for rule in rules)
-        for path, (_, rules) in owners.items()
-    }
-
-    def order(rule):
-        path = _owner_path(rule.variables[0])
-        return (-size.get(path, checkpoint.nbytes_of(rule.hub_name)), path)
-
-    return sorted(bound, key=order), owners
-
-
-def _quantize_when_complete(owners, rule, mode):
-    """Quantize the layer of `rule`'s variables once every tensor of it has been read."""
-    from keras_mha.layers.quantization import cheap_collections
-    from keras_mha.models.deferred import initialize_rest
-    from keras_mha.models.quantize import keras_config
-
-    for path in {_owner_path(variable) for variable in rule.variables}:
-        if path not in owners:
-            continue
-        layer, rules = owners[path]
-        rules.remove(rule)
-        if not rules:
-            initialize_rest(layer.variables)  # head gates: not in the checkpoint
-            # The scheme of `weight_formats` (what the plan counts), as `model.quantize`.
-            with cheap_collections():
-                layer.quantize(mode, config=keras_config(mode))
-            del owners[path]
 
 
 def _warn_if_nonfinite(checkpoint: SafetensorsCheckpoint, key: str, tensor) -> None:
@@ -485,11 +459,12 @@ def from_pretrained(
             through the HF cache (`HF_TOKEN`, `HF_ENDPOINT`, `HF_HUB_OFFLINE` apply).
         dtype: "float32", "bfloat16" or "float16"; default the checkpoint's own where the
             device computes it well (see `choose_dtype`), else float32.
-        quantize: None, or `"int8"`, `"int4"`, `"float8"`: quantize the blocks'
-            attention and MLP layers while loading, layer by layer, as `model.quantize`
-            would (`keras_mha.models.quantize`; docs/guides/quantization.md). An fp8
+        quantize: None, or `"int8"`, `"int4"`, `"float8"`: the blocks' attention and MLP
+            layers are built in that mode and each checkpoint tensor is quantized as it is
+            read, as `model.quantize` would quantize it (`keras_mha.models.quantized_loading`;
+            docs/guides/quantization.md): no float copy of the model is made. An fp8
             block-scaled checkpoint (`quantization_config.quant_method="fp8"`) is
-            dequantized into `dtype` as it loads, then quantized as a float one.
+            dequantized into `dtype` tensor by tensor, then quantized as a float one.
         revision: Hub branch, tag or commit (Hub ids only).
         token: Hub token; None uses the stored login / `HF_TOKEN`.
         endpoint: Hub endpoint; None uses `HF_ENDPOINT`.
@@ -552,8 +527,10 @@ def from_pretrained(
             raise
     # Built without memory: each variable is created from its checkpoint tensor.
     with deferred_variables() as pending:
-        model = build_model(spec, dtype=choose_dtype(config, dtype), initializer="zeros")
-    load_weights(model, directory, quantize=quantize, config=config)
+        model = build_model(
+            spec, dtype=choose_dtype(config, dtype), initializer="zeros", quantize=quantize
+        )
+    load_weights(model, directory, config=config)
     pending.initialize_rest()  # anything the model's variable list does not reach
     # save_pretrained copies the tokenizer files from here.
     model.source_directory = str(directory)

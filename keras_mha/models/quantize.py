@@ -8,8 +8,8 @@ count (`keras_mha.planning.planner.quantization.BLOCK_ROLES`: the block matrices
 head and embeddings left alone). Norms have no quantized form, so no layer warns.
 Pass `filters=` to choose other layers (Keras's regex or callable).
 
-`from_pretrained(..., quantize=mode)` quantizes the same layers while it loads: each
-layer as soon as its last tensor is in (`quantizes_on_load`).
+`from_pretrained(..., quantize=mode)` builds the same layers in that mode and quantizes
+each checkpoint tensor as it is read (`keras_mha.models.quantized_loading`).
 
 The modes and the Keras config each runs with come from
 `keras_mha.planning.weight_formats`, the description the planner counts bytes by: int4

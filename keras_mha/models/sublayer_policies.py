@@ -30,15 +30,42 @@ def quantized_policies(sublayers):
     }
 
 
+def quantized_policy(mode, dtype):
+    """The policy Keras's `quantize(mode)` gives a layer of float `dtype`, with the config
+    `model.quantize` runs (`keras_mha.models.quantize.keras_config`): a layer made with it
+    builds its quantized variables directly (`from_pretrained(quantize=...)`).
+
+    Example:
+        >>> quantized_policy("int4", "bfloat16").name
+        'int4/128_from_bfloat16'
+    """
+    from keras_mha.models.quantize import keras_config
+
+    name = mode
+    if mode == "int4":  # Keras names the block size: -1 for one scale per column
+        block_size = getattr(keras_config(mode), "block_size", None)
+        name = f"int4/{-1 if block_size is None else block_size}"
+    source = keras.dtype_policies.get(dtype).name
+    return keras.dtype_policies.get(f"{name}_from_{source}")
+
+
 def policy_for(policies, name, default):
-    """The policy recorded for sublayer `name` in `policies` (a config's), else `default`.
+    """The policy given for sublayer `name` in `policies`, else `default`: a serialized
+    policy (a config's), or a policy or its name (`build_model(quantize=...)`, which
+    does not serialize: Keras's serializer imports TensorFlow where it is installed).
 
     Example:
         >>> policy_for({}, "lm_head", "float32")
         'float32'
+        >>> policy_for({"lm_head": "int8_from_float32"}, "lm_head", "float32").name
+        'int8_from_float32'
     """
     recorded = (policies or {}).get(name)
-    return default if recorded is None else keras.saving.deserialize_keras_object(recorded)
+    if recorded is None:
+        return default
+    if isinstance(recorded, dict):
+        return keras.saving.deserialize_keras_object(recorded)
+    return keras.dtype_policies.get(recorded)
 
 
-__all__ = ["policy_for", "quantized_policies"]
+__all__ = ["policy_for", "quantized_policies", "quantized_policy"]

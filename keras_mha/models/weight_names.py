@@ -239,8 +239,14 @@ def resolve(model, path: str):
     return current
 
 
-def bound_rules(model, names: WeightNames, prefix: str, num_layers: int) -> list[BoundRule]:
+def bound_rules(
+    model, names: WeightNames, prefix: str, num_layers: int, lookup=resolve
+) -> list[BoundRule]:
     """Every rule that applies to `model` (all its variables exist), one per Hub tensor.
+
+    `lookup(model, path)` finds a variable (default `resolve`; loading passes
+    `quantized_loading.load_target`, which also finds the float variables of layers built
+    quantized).
 
     Example:
         >>> from keras_mha.families import family_for
@@ -254,7 +260,7 @@ def bound_rules(model, names: WeightNames, prefix: str, num_layers: int) -> list
         layers = range(num_layers) if rule.per_layer else [None]
         for layer in layers:
             paths = rule.variable_paths(layer)
-            if all(resolve(model, path) is not None for path in paths):
+            if all(lookup(model, path) is not None for path in paths):
                 bound.append(BoundRule(rule, rule.hub_name(prefix, layer), paths, layer))
     return bound
 

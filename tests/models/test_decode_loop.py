@@ -24,10 +24,19 @@ def llama(tmp_path_factory):
 def test_the_default_path_is_the_measured_fastest(llama):
     made, model = llama
     generate(model, made.token_ids[:, :4], 2)
-    expected = "per_token" if keras.backend.backend() == "torch" else "loop"
-    assert generation_stats(model)["path"] == expected
-    if keras.backend.backend() == "torch":  # on the CPU: the steps' thread count, timed
-        assert "decode_threads" in generation_stats(model)
+    stats = generation_stats(model)
+    if keras.backend.backend() != "torch":
+        assert stats["path"] == "loop"
+        return
+    # On the CPU: the whole model's step in torch ops, tokens chosen on the device, on
+    # the thread count that timed fastest; with a key mask, the layers' steps.
+    assert (stats["path"], stats["step"]) == ("device_loop", "whole_model"), stats
+    assert "decode_threads" in stats
+    padding_mask = np.ones((2, 4), dtype=bool)
+    padding_mask[1, 0] = False
+    generate(model, made.token_ids[:, :4], 2, padding_mask=padding_mask)
+    stats = generation_stats(model)
+    assert (stats["path"], stats["step"]) == ("per_token", "layers"), stats
 
 
 @pytest.mark.parametrize(

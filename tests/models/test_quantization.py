@@ -13,7 +13,7 @@ import pytest
 from keras import ops
 
 from keras_mha.errors import ExportError, UsageError
-from keras_mha.models import from_pretrained, generate, save_pretrained
+from keras_mha.models import from_pretrained, generate, generation_stats, save_pretrained
 from tests.cards.test_rebuild_minilm import SENTENCES, minilm_directory
 from tests.models.test_minilm import sentence_embeddings
 from tests.models_checkpoints import checkpoint
@@ -28,21 +28,49 @@ def _inputs(made):
     return {"token_ids": made.token_ids.astype("int32"), "padding_mask": made.padding_mask}
 
 
-def test_quantize_while_loading_equals_quantize_after(llama, tmp_path):
-    after = from_pretrained(llama.directory)
-    after.quantize("int8")
-    during = from_pretrained(llama.directory, quantize="int8")
-    expected = ops.convert_to_numpy(after(_inputs(llama)))
-    np.testing.assert_array_equal(ops.convert_to_numpy(during(_inputs(llama))), expected)
+def _block_values(model):
+    """`{block/layer/variable: value}` of the blocks' layers' own variables (paths differ:
+    Keras names the Dense layers `quantize` makes outside a build scope by their own name)."""
+    return {
+        f"{index}/{layer.name}/{variable.name}": ops.convert_to_numpy(variable)
+        for index, block in enumerate(model.blocks)
+        for layer in block._flatten_layers()
+        for variable in layer._trainable_variables + layer._non_trainable_variables
+    }
+
+
+# Llama (GQA, q/k/v apart, no biases), GPT-2 (one fused Conv1D q/k/v with biases) and BERT
+# (an encoder): each quantized by the same Keras quantizer as after loading in float.
+@pytest.mark.parametrize(
+    ("case", "mode"),
+    [("llama", "int8"), ("llama", "int4"), ("llama", "float8"), ("gpt2", "int4"), ("bert", "int8")],
+)
+def test_quantize_while_loading_equals_quantize_after(tmp_path_factory, tmp_path, case, mode):
+    made = checkpoint(tmp_path_factory, case)
+    after = from_pretrained(made.directory)
+    after.quantize(mode)
+    during = from_pretrained(made.directory, quantize=mode)
+    # The same variables, bit for bit: int8 / packed int4 kernels, scales, zero points,
+    # float8's scales and amax histories, and everything left in float.
+    expected_values = _block_values(after)
+    got_values = _block_values(during)
+    assert sorted(got_values) == sorted(expected_values)
+    for path, value in expected_values.items():
+        assert got_values[path].dtype == value.dtype, path
+        np.testing.assert_array_equal(got_values[path], value, err_msg=path)
+    expected = ops.convert_to_numpy(after(_inputs(made)))
+    np.testing.assert_array_equal(ops.convert_to_numpy(during(_inputs(made))), expected)
     block = during.blocks[0]
-    assert block.attention.quantization_mode == block.down_proj.quantization_mode == "int8"
+    mlp = block.down_proj if case != "bert" else block.output_dense
+    assert block.attention.quantization_mode == mlp.quantization_mode == mode
     # The planner's generic formats: embeddings, LM head and norms stay in float.
     assert during.token_embedding.quantization_mode is None
-    assert during.lm_head.quantization_mode is None
-    path = os.path.join(tmp_path, "int8.keras")
-    during.save(path)
-    loaded = keras.models.load_model(path)
-    np.testing.assert_array_equal(ops.convert_to_numpy(loaded(_inputs(llama))), expected)
+    if case == "llama":
+        assert during.lm_head.quantization_mode is None
+        path = os.path.join(tmp_path, f"{mode}.keras")
+        during.save(path)
+        loaded = keras.models.load_model(path)
+        np.testing.assert_array_equal(ops.convert_to_numpy(loaded(_inputs(made))), expected)
 
 
 def test_half_quantized_model_loads_back(llama, tmp_path):
@@ -64,6 +92,8 @@ def test_quantized_generate_is_its_own_greedy_argmax(llama):
     model = from_pretrained(llama.directory, quantize="int8")
     prompt = llama.token_ids[:1, :5].astype("int32")
     tokens = generate(model, prompt, 4)
+    if keras.backend.backend() == "torch":  # Keras's quantized layers: not the whole-model step
+        assert generation_stats(model)["step"] == "layers"
     logits = ops.convert_to_numpy(model(tokens[:, :-1]))
     np.testing.assert_array_equal(tokens[0, 5:], logits[0, 4:].argmax(-1))
 

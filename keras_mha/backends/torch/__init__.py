@@ -6,6 +6,7 @@ every backend module defines).
   `Layer.__call__` would add nothing;
 - `steps`: the decode steps, eager or `torch.compile`d, and a layer's decode function;
 - `model_calls`: a whole model's leaf layers as torch calls inside `generate`;
+- `model_step`: a whole decoder's single-token step as one function of torch ops (CPU);
 - `attention`: SDPA and the one-query decode kernel;
 - `tensors`: cache writes, linear layers, devices.
 
@@ -28,8 +29,9 @@ generation = device_generation  # generate's on-device loop and CUDA-graph step
 
 def decode_paths(model):
     """`generate`'s decode paths, the default first: CUDA graphs on a CUDA GPU, else
-    one eager step per token (measured faster on the CPU than choosing the tokens on
-    the device, docs/benchmarks.md)."""
+    one eager step per token, the layers' calls (measured faster on the CPU than
+    choosing the tokens on the device, docs/benchmarks.md); `generate` takes
+    `device_loop` instead where it binds the whole-model step (`generation.model_step`)."""
     if device_generation.on_cuda(model):
         return ("cuda_graph", "device_loop", "per_token")
     return ("per_token", "device_loop")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import keras
 
 from keras_mha.backends.common import kv_cache
+from keras_mha.backends.torch.model_step import ModelStep
 from keras_mha.backends.torch.threads import DecodeThreads
 
 #: Tokens between two reads of "has every row ended?" (each read waits for the device).
@@ -82,6 +83,19 @@ def cuda_graph_step(forward):
     return run
 
 
+def model_step(layout, caches, previous=None):
+    """`generate`'s step over the whole model in torch ops (`model_step.ModelStep`) for
+    `layout` (a `DecoderLayout`, or None) on `caches`, or None where it does not serve
+    them (then the layers' eager calls run); `previous` is reused while it matches."""
+    return ModelStep.bind(layout, caches, previous)
+
+
+def greedy(logits, step, finished):
+    """`device_loop`'s `choose` for greedy tokens without EOS ids: the argmax (ties to
+    the lowest id, as `decode_loop.choose_tokens`) in one torch call."""
+    return logits.argmax(-1), finished
+
+
 def eager_step(forward):
     """`forward`'s logits, the step of `device_loop` without compilation (any device)."""
 
@@ -120,5 +134,7 @@ __all__ = [
     "decode_threads",
     "device_loop",
     "eager_step",
+    "greedy",
+    "model_step",
     "on_cuda",
 ]

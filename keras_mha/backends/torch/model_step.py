@@ -1,0 +1,477 @@
+"""PyTorch on the CPU: a whole decoder's single-token step as one function of torch ops.
+
+At a single-token step a small model does almost no arithmetic, so its time is the
+host's: every torch call costs a few microseconds to dispatch, and Keras's layer calls
+and the layers' checks cost more. `ModelStep` runs the step of a model described by a
+`keras_mha.backends.common.decoder_layout.DecoderLayout` on tensors bound once per
+`generate` call, in few calls per block:
+
+- one product for the query, key and value projections together, whose matrix also
+  holds the query and key kernels with each head's rotating halves swapped (RoPE's
+  `rotate_half` is a signed permutation of the projection's columns) and the query
+  kernel scaled by the attention scale; RoPE is then `qk * cos + qk_rotated * sin` on
+  rows of tables made once (1 and 0 on features that do not rotate);
+- the key and value written into the cache in place, one query per KV head group
+  attending over the written prefix (a view) in one SDPA call;
+- the output projection and the residual in one `addmm_` (head gates folded into the
+  output kernel when one is not 1), the gate and up projections in one product, the
+  activation and gating written into it, the down projection and residual in one `addmm_`;
+- an RMS norm before a product as its scale folded into the product's matrix and one
+  factor per row (`_Norm`); the hidden state, the projections and the MLP's activations
+  in buffers made once per batch size, with their views.
+
+The fused matrices are copies of the kernels: they are made only for models whose
+copies fit in `FUSED_BYTES` (the host cost matters for small models; a large one keeps
+the layers' eager calls, whose dispatch is a small part of its step). They are made
+again when a kernel's tensor changes (assigned, trained or pruned: `ModelStep.matches`).
+The result is the layers' step up to float round-off (the products are summed in
+another order); `generate`'s tests check that greedy tokens agree.
+
+Example:
+    >>> step = ModelStep.bind(layout, caches)  # doctest: +SKIP
+    >>> logits = step.logits(torch.tensor([5]), 8)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+
+from keras_mha.backends.common import attention_probe, kv_cache, masks
+from keras_mha.backends.torch import model_calls
+
+#: The most bytes of fused projection matrices a `ModelStep` makes (copies of kernels).
+FUSED_BYTES = 256 << 20
+
+_functional = torch.nn.functional
+_sdpa = _functional.scaled_dot_product_attention
+
+
+def _tensor(variable):
+    return None if variable is None else model_calls._tensor(variable)
+
+
+def _layout_tensors(layout):
+    """Every variable of `layout` with its tensor and in-place version, in order."""
+    variables = [layout.token_embedding, layout.position_embedding]
+
+    def norm(record):
+        if record is not None:
+            variables.extend((record.scale, record.bias))
+
+    for block in layout.blocks:
+        attention = block.attention
+        for name in ("query", "key", "value"):
+            variables.append(getattr(attention, f"{name}_kernel"))
+            variables.append(
+                getattr(attention, f"{name}_bias", None) if attention.use_bias else None
+            )
+        variables.append(attention.output_kernel)
+        variables.append(attention.output_bias if attention.use_output_bias else None)
+        variables.append(attention.head_gates)
+        for record in (block.attention_norm, block.post_attention_norm, block.mlp_norm,
+                       block.post_mlp_norm):  # fmt: skip
+            norm(record)
+        for dense in (block.gate, block.up, block.down):
+            if dense is not None:
+                variables.extend((dense.kernel, dense.bias))
+    norm(layout.final_norm)
+    if layout.lm_head is not None:
+        variables.extend((layout.lm_head.kernel, layout.lm_head.bias))
+    found = []
+    for variable in variables:
+        tensor = _tensor(variable)
+        found.append((tensor, None if tensor is None else tensor._version))
+    return found
+
+
+def fused_bytes(layout) -> int:
+    """Bytes of the matrices `ModelStep` makes for `layout` (at most): QKV and the
+    rotated QK copy, the MLP's gate and up, the output kernels, the LM head."""
+    total = 0
+    for block in layout.blocks:
+        attention = block.attention
+        for kernel in (attention.query_kernel, attention.key_kernel, attention.value_kernel):
+            total += _numel(kernel)
+        if attention.use_rope:
+            total += _numel(attention.query_kernel) + _numel(attention.key_kernel)
+        total += _numel(attention.output_kernel) + _numel(block.up.kernel)
+        if block.gate is not None:
+            total += _numel(block.gate.kernel)
+    head = layout.token_embedding if layout.lm_head is None else layout.lm_head.kernel
+    return (total + _numel(head)) * 4
+
+
+def _numel(variable):
+    count = 1
+    for size in variable.shape:
+        count *= int(size)
+    return count
+
+
+def serves(layout, caches) -> bool:
+    """Whether a `ModelStep` can run `layout` on `caches`: float caches (`KVCache`) on
+    the CPU, one per block, fused copies within `FUSED_BYTES`, no attention recorded."""
+    if layout is None or len(caches) != len(layout.blocks):
+        return False
+    for cache in caches:
+        if type(cache) is not kv_cache.KVCache or not isinstance(cache.key, torch.Tensor):
+            return False
+        if cache.key.device.type != "cpu" or cache.key.dtype != torch.float32:
+            return False
+    if any(attention_probe.is_recording(block.attention) for block in layout.blocks):
+        return False
+    if model_calls.eager_calls() is None:  # a Keras scope: a variable's tensor is not its value
+        return False
+    return fused_bytes(layout) <= FUSED_BYTES
+
+
+_POSITIONS: list = []
+
+
+def _position(index):
+    """The `(1,)` int64 tensor of a cache position, made once (`index_copy_` reads it)."""
+    while len(_POSITIONS) <= index:
+        _POSITIONS.append(torch.tensor([len(_POSITIONS)], dtype=torch.int64))
+    return _POSITIONS[index]
+
+
+class _Norm:
+    """An RMS norm or LayerNorm over the last axis (`NormLayout`), float32.
+
+    Before a product, an RMS norm's scale is folded into the product's matrix
+    (`fold`), and the per-row factor `rsqrt(sum(x^2) + width * epsilon)` (`factor`,
+    one batched dot product and two in-place calls) multiplies the product's rows: the
+    same value as normalising first, in three calls instead of six.
+    """
+
+    def __init__(self, record):
+        self.rms = record.kind == "rms"
+        self.epsilon = record.epsilon
+        self.width = int(record.scale.shape[-1])
+        scale = _tensor(record.scale)
+        self.weight = scale + record.scale_offset if record.scale_offset else scale
+        self.bias = _tensor(record.bias)
+
+    @classmethod
+    def optional(cls, record):
+        return None if record is None else cls(record)
+
+    def fold(self, matrix):
+        """`matrix` `(width, units)` with the RMS scale (and `sqrt(width)`) folded in."""
+        return matrix * (self.weight * self.width**0.5)[:, None]
+
+    def factor(self, buffers):
+        """`(B, 1)`: `rsqrt(sum(x^2) + width * epsilon)` of `buffers.x`'s rows."""
+        torch.bmm(buffers.rows, buffers.columns, out=buffers.squares)
+        buffers.squares.add_(self.width * self.epsilon).rsqrt_()
+        return buffers.factor
+
+    def __call__(self, x):
+        """The norm of `x`, as a new tensor."""
+        if self.rms:
+            scale = (x * x).mean(dim=-1, keepdim=True).add_(self.epsilon).rsqrt_()
+            return (x * scale).mul_(self.weight)
+        return _functional.layer_norm(x, (self.width,), self.weight, self.bias, self.epsilon)
+
+
+class _NormedProduct:
+    """`norm(x) @ matrix + bias` written into a buffer (see `_Norm`)."""
+
+    def __init__(self, norm, matrix, bias):
+        self.norm = norm
+        self.matrix = norm.fold(matrix) if norm.rms else matrix
+        self.bias = bias
+
+    def __call__(self, buffers, out=None):
+        """The product, into `out` (a new tensor when None)."""
+        if self.norm.rms:
+            factor = self.norm.factor(buffers)
+            if out is None:
+                out = torch.mm(buffers.x, self.matrix)
+            else:
+                torch.mm(buffers.x, self.matrix, out=out)
+            out.mul_(factor)
+            if self.bias is not None:
+                out.add_(self.bias)
+        elif out is None:
+            out = _linear(self.norm(buffers.x), self.matrix, self.bias)
+        elif self.bias is None:
+            torch.mm(self.norm(buffers.x), self.matrix, out=out)
+        else:
+            torch.addmm(self.bias, self.norm(buffers.x), self.matrix, out=out)
+        return out
+
+
+class _Buffers:
+    """A step's hidden state `x` `(B, hidden)`, updated in place, with its views."""
+
+    def __init__(self, batch, hidden):
+        self.x = torch.zeros(batch, hidden)
+        self.rows = self.x.view(batch, 1, hidden)
+        self.columns = self.x.view(batch, hidden, 1)
+        self.squares = torch.zeros(batch, 1, 1)
+        self.factor = self.squares.view(batch, 1)
+
+
+class _Block:
+    """One block's bound tensors and traits (see the module docstring)."""
+
+    def __init__(self, block, rope_tables):
+        attention = block.attention
+        self.heads, self.key_heads = attention.num_heads, attention.num_key_value_heads
+        self.head_dim = head_dim = attention.head_dim
+        self.window = attention.sliding_window
+        self.causal = attention.causal
+        scale = attention._attention_options(None, False, None).scale
+        query = _tensor(attention.query_kernel) * scale
+        key = _tensor(attention.key_kernel)
+        value = _tensor(attention.value_kernel)
+        columns = [query, key, value]
+        biases = None
+        if attention.use_bias:
+            query_bias = _tensor(attention.query_bias) * scale
+            biases = [query_bias, _tensor(attention.key_bias), _tensor(attention.value_bias)]
+        self.rope = None
+        rotary_dim = attention.rotary_embedding.rotary_dim(head_dim) if attention.use_rope else 0
+        if rotary_dim:
+            columns += [_rotate_half(query, rotary_dim), _rotate_half(key, rotary_dim)]
+            if biases is not None:
+                biases += [_rotate_half(b, rotary_dim) for b in biases[:2]]
+            self.rope = rope_tables.tables(attention, rotary_dim)
+        inputs = query.shape[0]
+        self.query_width = self.heads * head_dim
+        self.qk_width = self.query_width + self.key_heads * head_dim
+        self.value_end = self.qk_width + self.key_heads * head_dim
+        self.attention_input = _NormedProduct(
+            _Norm(block.attention_norm),
+            torch.cat([c.reshape(inputs, -1) for c in columns], dim=1),
+            None if biases is None else torch.cat([b.reshape(-1) for b in biases]),
+        )
+        output = _tensor(attention.output_kernel)
+        gates = _tensor(attention.head_gates)
+        if not bool((gates == 1).all()):
+            output = output * gates.to(output.dtype)[:, None, None]
+        self.output = output.reshape(-1, output.shape[-1])
+        self.output_bias = _tensor(attention.output_bias) if attention.use_output_bias else None
+        self.post_attention_norm = _Norm.optional(block.post_attention_norm)
+        self.post_mlp_norm = _Norm.optional(block.post_mlp_norm)
+        self.parallel = block.parallel_residual
+        self.activation = model_calls.activation(*block.activation)
+        self.intermediate = int(block.up.kernel.shape[-1])
+        self.gated = block.gate is not None
+        up, up_bias = _tensor(block.up.kernel), _tensor(block.up.bias)
+        if self.gated:
+            up = torch.cat([_tensor(block.gate.kernel), up], dim=1)
+            if up_bias is not None:
+                up_bias = torch.cat([_tensor(block.gate.bias), up_bias])
+        self.mlp_input = _NormedProduct(_Norm(block.mlp_norm), up, up_bias)
+        self.down, self.down_bias = _tensor(block.down.kernel), _tensor(block.down.bias)
+        self.batch = None
+
+    def bind(self, batch, cache):
+        """Buffers for `batch` rows and their views; `cache` is this block's `KVCache`."""
+        if self.batch != batch:
+            self.batch = batch
+            key_heads, head_dim = self.key_heads, self.head_dim
+            self.projected = torch.zeros(batch, self.attention_input.matrix.shape[1])
+            if self.rope is None:
+                query_key = self.projected[:, : self.qk_width]
+                self.unrotated = self.rotating = None
+            else:
+                query_key = self.query_key = torch.zeros(batch, self.qk_width)
+                self.unrotated = self.projected[:, : self.qk_width]
+                self.rotating = self.projected[:, self.value_end :]
+            self.queries = query_key[:, : self.query_width].view(batch, key_heads, -1, head_dim)
+            self.new_key = query_key[:, self.query_width :].view(batch, key_heads, 1, head_dim)
+            self.new_value = self.projected[:, self.qk_width : self.value_end].view(
+                batch, key_heads, 1, head_dim
+            )
+            self.up = torch.zeros(batch, self.mlp_input.matrix.shape[1])
+            if self.gated:
+                self.gate_half = self.up[:, : self.intermediate]
+                self.up_half = self.up[:, self.intermediate :]
+        self.cache = cache
+
+    def __call__(self, buffers, position):
+        """`buffers.x` after this block, in place."""
+        x = buffers.x
+        if self.parallel:  # both branches read the block's input
+            self.mlp_input(buffers, self.up)
+            self._attention(buffers, position)
+            self._mlp_output(x)
+        else:
+            self._attention(buffers, position)
+            self.mlp_input(buffers, self.up)
+            self._mlp_output(x)
+
+    def _attention(self, buffers, position):
+        self.attention_input(buffers, self.projected)
+        if self.rope is not None:
+            cos, sin = self.rope
+            torch.mul(self.unrotated, cos[position], out=self.query_key)
+            self.query_key.addcmul_(self.rotating, sin[position])
+        cache, index = self.cache, _position(position)
+        cache.key.index_copy_(2, index, self.new_key)
+        cache.value.index_copy_(2, index, self.new_value)
+        first, stop = masks.visible_prefix(position, 1, self.window, self.causal)
+        keys = cache.key.narrow(2, first, stop - first)
+        values = cache.value.narrow(2, first, stop - first)
+        # The query heads of each KV head's group are that head's queries: plain SDPA.
+        attended = _sdpa(self.queries, keys, values, scale=1.0).view(self.batch, -1)
+        x = buffers.x
+        if self.post_attention_norm is not None:
+            output = _linear(attended, self.output, self.output_bias)
+            x.add_(self.post_attention_norm(output))
+            return
+        x.addmm_(attended, self.output)
+        if self.output_bias is not None:
+            x.add_(self.output_bias)
+
+    def _mlp_output(self, x):
+        if self.gated:
+            inner = self.activation(self.gate_half).mul_(self.up_half)
+        else:
+            inner = self.activation(self.up)
+        if self.post_mlp_norm is not None:
+            x.add_(self.post_mlp_norm(_linear(inner, self.down, self.down_bias)))
+            return
+        x.addmm_(inner, self.down)
+        if self.down_bias is not None:
+            x.add_(self.down_bias)
+
+
+def _linear(rows, matrix, bias):
+    return rows @ matrix if bias is None else torch.addmm(bias, rows, matrix)
+
+
+def _rotate_half(kernel, rotary_dim):
+    """`kernel` `(..., D)` with RoPE's `rotate_half` applied to its last axis's first
+    `rotary_dim` features (`[-second, first]`) and zeros after them: `x @ W` rotated is
+    `x @ _rotate_half(W)`, exactly (a signed permutation)."""
+    half = rotary_dim // 2
+    parts = [-kernel[..., half:rotary_dim], kernel[..., :half]]
+    if rotary_dim < kernel.shape[-1]:
+        parts.append(torch.zeros_like(kernel[..., rotary_dim:]))
+    return torch.cat(parts, dim=-1)
+
+
+class RopeTables:
+    """RoPE's `cos` and `sin` rows per position, `(1, (heads + kv_heads) * head_dim)`
+    each, for the layers of one model: angles as `eager_decode._rotation` computes
+    them (float32 positions times float32 inverse frequencies), 1 and 0 on features that
+    do not rotate; the rows are views kept in lists, read without a torch call."""
+
+    def __init__(self, length):
+        self.length = length
+        self._tables = {}
+
+    def tables(self, attention, rotary_dim):
+        rope = attention.rotary_embedding
+        frequencies = rope._inverse_frequencies(rotary_dim)
+        heads = attention.num_heads + attention.num_key_value_heads
+        key = (frequencies, attention.head_dim, heads)
+        found = self._tables.get(key)
+        if found is None:
+            inverse = torch.tensor(frequencies, dtype=torch.float32)
+            positions = torch.arange(self.length, dtype=torch.int32).float()
+            angles = positions[:, None] * inverse
+            angles = torch.cat([angles, angles], dim=-1)
+            passing = attention.head_dim - rotary_dim
+            cos = torch.cat([angles.cos(), torch.ones(self.length, passing)], dim=-1)
+            sin = torch.cat([angles.sin(), torch.zeros(self.length, passing)], dim=-1)
+            found = self._tables[key] = tuple(
+                list(table.repeat(1, heads)[:, None].unbind(0)) for table in (cos, sin)
+            )
+        return found
+
+
+class ModelStep:
+    """A `DecoderLayout`'s single-token step on bound tensors: `logits(tokens, position)`.
+
+    Made by `bind`; `matches(layout)` says whether the model's tensors are still those
+    bound (a kernel assigned, trained or replaced since needs a new `ModelStep`).
+    """
+
+    def __init__(self, layout, length):
+        self.fingerprint = _layout_tensors(layout)
+        self.length = length
+        tables = RopeTables(length)
+        self.blocks = [_Block(block, tables) for block in layout.blocks]
+        self.table = _tensor(layout.token_embedding)
+        self.hidden_size = int(self.table.shape[1])
+        self.positions = _tensor(layout.position_embedding)
+        self.embedding_scale = layout.embedding_scale
+        if self.embedding_scale is not None:  # Gemma rounds sqrt(hidden) to the dtype first
+            self.embedding_scale = float(torch.tensor(self.embedding_scale, dtype=torch.float32))
+        head = self.table.t() if layout.lm_head is None else _tensor(layout.lm_head.kernel)
+        head_bias = None if layout.lm_head is None else _tensor(layout.lm_head.bias)
+        self.head = _NormedProduct(_Norm(layout.final_norm), head, head_bias)
+        self.soft_cap = layout.logit_soft_cap
+        self.buffers = None
+        self.caches = None
+
+    @classmethod
+    def bind(cls, layout, caches, previous=None):
+        """A `ModelStep` for `layout` on `caches` (reusing `previous` when its tensors
+        are still the model's and its RoPE tables long enough), or None where it does
+        not serve them (`serves`)."""
+        if not serves(layout, caches):
+            return None
+        length = int(caches[0].key.shape[2])
+        step = previous
+        if step is None or step.length < length or not step.matches(layout):
+            step = cls(layout, length)
+        batch = int(caches[0].key.shape[0])
+        if step.buffers is None or step.buffers.x.shape[0] != batch:
+            step.buffers = _Buffers(batch, step.hidden_size)
+        for block, cache in zip(step.blocks, caches, strict=True):
+            block.bind(batch, cache)
+        step.caches = list(caches)
+        step.stop = int(caches[0].key.shape[2])
+        return step
+
+    def release(self):
+        """Forget the bound caches (they are not kept alive until the next call)."""
+        for block in self.blocks:
+            block.cache = None
+        self.caches = None
+
+    def matches(self, layout):
+        fingerprint = _layout_tensors(layout)
+        if len(fingerprint) != len(self.fingerprint):
+            return False
+        return all(
+            a is b and version == known
+            for (a, version), (b, known) in zip(fingerprint, self.fingerprint, strict=True)
+        )
+
+    def logits(self, tokens, position):
+        """`(B, V)` float32 logits of `tokens` `(B,)` written into the bound caches at
+        `position` (an int below the caches' length)."""
+        if not 0 <= position < self.stop:
+            kv_cache.check_static_write(position, 1, self.stop)
+        buffers = self.buffers
+        x = torch.index_select(self.table, 0, tokens, out=buffers.x)
+        if self.embedding_scale is not None:
+            x.mul_(self.embedding_scale)
+        if self.positions is not None:
+            x.add_(self.positions[position])
+        for block in self.blocks:
+            block(buffers, position)
+        logits = self.head(buffers)  # a new tensor: the caller keeps it past the next step
+        if self.soft_cap is not None:
+            logits.div_(self.soft_cap).tanh_().mul_(self.soft_cap)
+        return logits
+
+    def forward(self, token_ids, key_mask, caches, index):
+        """`generate`'s step signature: `(logits (B, V), caches)` for `token_ids` `(B, 1)`
+        at `index`, with no key mask, on the bound caches."""
+        enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # cheaper than `torch.no_grad()`'s wrapper
+        try:
+            return self.logits(token_ids.view(-1), index), caches
+        finally:
+            torch._C._set_grad_enabled(enabled)
+
+
+__all__ = ["FUSED_BYTES", "ModelStep", "RopeTables", "fused_bytes", "serves"]
