@@ -19,13 +19,15 @@ BACKEND_FOR_BACKEND_INDEPENDENT_TESTS = "torch"
 # optimisation of those many tiny programs is most of the JAX leg's time. The
 # tests check float32 results to 1e-5, which unoptimised code meets exactly as
 # well, so they skip the expensive passes (halves the leg: 88 s -> 39 s for
-# test_layers_api.py). XLA's older elemental emitters, in one codegen piece, compile
-# such tiny programs faster still (tests/layers/test_cache.py: 161 s -> 132 s, paired on
-# a loaded 2-core machine). Set before anything imports jax; a caller's XLA_FLAGS win.
+# test_layers_api.py). On JAX, XLA's older elemental emitters, in one codegen piece,
+# compile such tiny programs faster still (tests/layers/test_cache.py: 161 s -> 132 s,
+# paired on a loaded 2-core machine); not on TensorFlow, whose tests read the HLO that
+# users' compiles get. Set before anything imports jax; a caller's XLA_FLAGS win.
+_JAX_ONLY = " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 os.environ.setdefault(
     "XLA_FLAGS",
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1",
+    + (_JAX_ONLY if os.environ.get("KERAS_BACKEND") == "jax" else ""),
 )
 
 
