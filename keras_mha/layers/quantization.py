@@ -45,13 +45,16 @@ def float_policy(policy):
 
 
 def _shapes(layer, query_features, key_features, value_features, output_dim):
-    heads, kv_heads, head_dim = layer.num_heads, layer.num_key_value_heads, layer.head_dim
-    return {
-        "query": (query_features, heads * head_dim),
-        "key": (key_features, kv_heads * head_dim),
-        "value": (value_features, kv_heads * head_dim),
-        "output": (heads * head_dim, output_dim),
-    }
+    """`{projection: (inputs, units)}`: each float kernel (`float_shapes`) as its Dense's matrix."""
+    kernels = float_shapes(layer, query_features, key_features, value_features, output_dim)
+    matrices = {}
+    for name in PROJECTIONS:
+        shape = kernels[f"{name}_kernel"]
+        # The output kernel is (heads, head_dim, outputs); the others (inputs, heads, head_dim).
+        matrices[name] = (
+            (shape[0] * shape[1], shape[2]) if name == "output" else (shape[0], shape[1] * shape[2])
+        )
+    return matrices
 
 
 def float_shapes(layer, query_features, key_features, value_features, output_dim):

@@ -44,6 +44,7 @@ from keras_mha.backends.common import (
     padding_masks,
 )
 from keras_mha.backends.torch import attention
+from keras_mha.backends.torch.tensors import rows_linear
 
 # Keras's scopes under which `Layer.__call__` or a variable read does more than hand on
 # the stored tensors, by their names in Keras's global state.
@@ -431,11 +432,6 @@ def _on_meta_device():
     return str(_keras_state().get("torch_device")) == "meta"
 
 
-def _linear(rows, matrix, bias):
-    """`rows` `(N, features)` times `matrix` `(features, units)`, plus `bias` in one addmm."""
-    return rows @ matrix if bias is None else bias.reshape(-1).addmm(rows, matrix)
-
-
 # layer -> (its query, key, value and output kernels, the same viewed as matrices).
 _MATRICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -539,9 +535,9 @@ def step(layer, query, cache, start, attention_mask, options, read=None):
     rows = query.reshape(batch * length, -1)  # once for the three projections
     query_matrix, key_matrix, value_matrix, output_matrix = _projection_matrices(layer, read)
     if layer.use_bias:
-        q = _linear(rows, query_matrix, read(layer.query_bias))
-        k = _linear(rows, key_matrix, read(layer.key_bias))
-        v = _linear(rows, value_matrix, read(layer.value_bias))
+        q = rows_linear(rows, query_matrix, read(layer.query_bias))
+        k = rows_linear(rows, key_matrix, read(layer.key_bias))
+        v = rows_linear(rows, value_matrix, read(layer.value_bias))
     else:
         q, k, v = rows @ query_matrix, rows @ key_matrix, rows @ value_matrix
     q = q.view(batch, length, -1, head_dim)
@@ -619,7 +615,7 @@ def _output(layer, attended, batch, length, read, matrix):
     if torch.compiler.is_compiling() or not _all_ones(layer, gates):
         attended = attended * gates.to(attended.dtype)[:, None]
     bias = read(layer.output_bias) if layer.use_output_bias else None
-    output = _linear(attended.reshape(batch * length, -1), matrix, bias)
+    output = rows_linear(attended.reshape(batch * length, -1), matrix, bias)
     return output.view(batch, length, -1)
 
 

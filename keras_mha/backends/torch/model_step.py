@@ -34,10 +34,13 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from keras_mha.backends.common import attention_probe, kv_cache, masks
 from keras_mha.backends.torch import model_calls
+from keras_mha.backends.torch.tensors import rows_linear
 
 #: The most bytes of fused projection matrices a `ModelStep` makes (copies of kernels).
 FUSED_BYTES = 256 << 20
@@ -102,10 +105,7 @@ def fused_bytes(layout) -> int:
 
 
 def _numel(variable):
-    count = 1
-    for size in variable.shape:
-        count *= int(size)
-    return count
+    return math.prod(int(size) for size in variable.shape)
 
 
 def serves(layout, caches) -> bool:
@@ -194,7 +194,7 @@ class _NormedProduct:
             if self.bias is not None:
                 out.add_(self.bias)
         elif out is None:
-            out = _linear(self.norm(buffers.x), self.matrix, self.bias)
+            out = rows_linear(self.norm(buffers.x), self.matrix, self.bias)
         elif self.bias is None:
             torch.mm(self.norm(buffers.x), self.matrix, out=out)
         else:
@@ -320,7 +320,7 @@ class _Block:
         attended = _sdpa(self.queries, keys, values, scale=1.0).view(self.batch, -1)
         x = buffers.x
         if self.post_attention_norm is not None:
-            output = _linear(attended, self.output, self.output_bias)
+            output = rows_linear(attended, self.output, self.output_bias)
             x.add_(self.post_attention_norm(output))
             return
         x.addmm_(attended, self.output)
@@ -333,15 +333,11 @@ class _Block:
         else:
             inner = self.activation(self.up)
         if self.post_mlp_norm is not None:
-            x.add_(self.post_mlp_norm(_linear(inner, self.down, self.down_bias)))
+            x.add_(self.post_mlp_norm(rows_linear(inner, self.down, self.down_bias)))
             return
         x.addmm_(inner, self.down)
         if self.down_bias is not None:
             x.add_(self.down_bias)
-
-
-def _linear(rows, matrix, bias):
-    return rows @ matrix if bias is None else torch.addmm(bias, rows, matrix)
 
 
 def _rotate_half(kernel, rotary_dim):
@@ -427,7 +423,7 @@ class ModelStep:
         for block, cache in zip(step.blocks, caches, strict=True):
             block.bind(batch, cache)
         step.caches = list(caches)
-        step.stop = int(caches[0].key.shape[2])
+        step.stop = length
         return step
 
     def release(self):
