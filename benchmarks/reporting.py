@@ -13,6 +13,10 @@ Example:
 from __future__ import annotations
 
 import statistics
+import textwrap
+
+#: The terminal width reports keep to, as `keras-mha inspect` does.
+COLUMNS = 80
 
 
 def turn_order(count: int, round_number: int) -> list[int]:
@@ -45,6 +49,16 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return low, statistics.median(values), high
 
 
+def caption(text: str) -> list[str]:
+    """`text` as lines of at most `COLUMNS` characters.
+
+    Example:
+        >>> caption("a " * 50)[0] == ("a " * 40).strip()
+        True
+    """
+    return textwrap.wrap(text, COLUMNS)
+
+
 def table(header: list[str], body: list[list[str]], markdown: bool) -> list[str]:
     """Rows as a markdown table, or as text columns padded to their widest cell.
 
@@ -62,4 +76,4 @@ def table(header: list[str], body: list[list[str]], markdown: bool) -> list[str]
     return lines
 
 
-__all__ = ["quartiles", "table", "turn_order"]
+__all__ = ["COLUMNS", "caption", "quartiles", "table", "turn_order"]

@@ -26,6 +26,7 @@ import argparse
 import json
 
 from benchmarks.models import median_seconds
+from benchmarks.reporting import caption
 
 COPY_BYTES = 256 * 2**20
 MATMUL_SIZE = 2048
@@ -187,12 +188,13 @@ def main(argv=None) -> int:
     if arguments.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(
+    heading = (
         f"{arguments.card} / {arguments.scale}: {results['parameters'] / 1e6:.1f}M parameters "
         f"in float32, decode at {context} tokens of context, {report['backend']} backend, "
         f"decode path {report['decode_path']}; medians of {arguments.repeats} rounds, the "
         f"copy timed in each round"
     )
+    print("\n".join(caption(heading)))
     print(f"  copy bandwidth (read + write)  {bandwidth / 1e9:8.2f} GB/s")
     print(f"  float32 matmul peak            {flops / 1e9:8.1f} GFLOPS")
     print(f"  bytes read per decode step     {limits.decode_bytes_per_step / 1e6:8.2f} MB")

@@ -298,3 +298,30 @@ def test_inspect_startup_benchmark_measures_startup(tmp_path):
         "keras-mha compare (2 models) --gpu H100 80GB SXM",
     ]
     assert all(t["min_s"] > 0 for t in result["timings"])
+
+
+@pytest.mark.backend_independent
+def test_host_cost_report_fits_80_columns_and_states_its_ratio():
+    from benchmarks import host_cost
+
+    reference = [1.5e-3, 1.6e-3, 1.7e-3]
+    report = {
+        "rows": {
+            "keras-mha torch per_token compile_torch": [2e-4, 2.2e-4, 3.3e-4],
+            "keras-mha tensorflow per_token": [2.5e-3, 2.6e-3, 3e-3],
+            host_cost.REFERENCE: reference,
+        },
+        "default_path": {"torch": "device_loop", "tensorflow": "loop", "jax": "loop"},
+        "new_tokens": 64,
+        "rounds": 3,
+        "machine": {"processor": "x86_64", "cpus": 2, "date": "2026-11-29 00:24 UTC"},
+        "load_average": [1.6, 1.7, 2.0],
+        "transformers_threads": 2,
+    }
+    text = host_cost.render(report, markdown=False)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "the ratio to transformers static + compile (transformers on 2 torch" in " ".join(
+        text.splitlines()
+    )
+    row = next(line for line in text.splitlines() if line.startswith("keras-mha tensorflow"))
+    assert row.split()[-1] == f"{2.6 / 1.6:.2f}x"
