@@ -26,26 +26,71 @@ def loaded(tmp_path_factory):
     return lambda case: loaded_model(tmp_path_factory, case)
 
 
+def _model_tensors(model):
+    return {v.value.untyped_storage().data_ptr() for v in model.variables}
+
+
+def _matrices(step):
+    for block in step.blocks:
+        yield from block.attention_input.matrices
+        yield from block.mlp_input.matrices
+        yield block.output
+    yield from step.head.matrices
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "views"])
 @pytest.mark.parametrize("case", DECODERS)
-def test_step_by_step_logits_equal_transformers(loaded, case):
+def test_step_by_step_logits_equal_transformers(loaded, case, fused, monkeypatch):
     import torch
 
-    from keras_mha.backends.torch.model_step import ModelStep
+    from keras_mha.backends.torch import model_step
 
     made, model = loaded(case)
     layout = decoder_layout(model)
     if case in LAYERS_ONLY:
         assert layout is None
         return
+    if not fused:  # as a model whose fused copies would not fit
+        monkeypatch.setattr(model_step, "FUSED_BYTES", 0)
     batch, length = made.token_ids.shape
     caches = model.init_caches(batch, length + 3)
-    step = ModelStep.bind(layout, caches)
+    step = model_step.ModelStep.bind(layout, caches)
+    assert step.fused is fused
+    if not fused:  # every product reads the model's own tensors: no copy
+        owned = _model_tensors(model)
+        assert all(m.untyped_storage().data_ptr() in owned for m in _matrices(step))
     tokens = torch.from_numpy(made.token_ids)
     with torch.no_grad():
         logits = [step.logits(tokens[:, t], t).numpy() for t in range(length)]
     # transformers' forward over the whole sequence, each position's row.
     np.testing.assert_allclose(np.stack(logits, axis=1), made.reference, atol=1e-4, rtol=0)
     step.release()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "views"])
+def test_head_gates_scale_heads_as_the_layers_do(loaded, fused, monkeypatch):
+    import torch
+
+    from keras_mha.backends.torch import model_step
+
+    made, model = loaded("llama")
+    if not fused:
+        monkeypatch.setattr(model_step, "FUSED_BYTES", 0)
+    gates = model.blocks[1].attention.head_gates
+    heads = int(gates.shape[0])
+    gates.assign(np.linspace(0.0, 1.5, heads).astype("float32"))
+    try:
+        expected = keras.ops.convert_to_numpy(model(made.token_ids))
+        caches = model.init_caches(*made.token_ids.shape)
+        step = model_step.ModelStep.bind(decoder_layout(model), caches)
+        tokens = torch.from_numpy(made.token_ids)
+        with torch.no_grad():
+            logits = [step.logits(tokens[:, t], t).numpy() for t in range(tokens.shape[1])]
+        step.release()
+    finally:
+        gates.assign(np.ones(heads, dtype="float32"))
+    np.testing.assert_allclose(np.stack(logits, axis=1), expected, atol=1e-4, rtol=0)
+    assert not np.allclose(expected, made.reference, atol=1e-3)  # the gates changed them
 
 
 def test_generate_takes_it_and_gives_the_layers_tokens(loaded, monkeypatch):

@@ -88,15 +88,13 @@ def _layout_tensors(layout):
 
 
 def fused_bytes(layout) -> int:
-    """Bytes of the matrices `ModelStep` makes for `layout` (at most): QKV and the
-    rotated QK copy, the MLP's gate and up, the output kernels, the LM head."""
+    """Bytes of the matrices `ModelStep` copies for `layout` when it fuses them (at most):
+    QKV, the output kernels, the MLP's gate and up, the LM head."""
     total = 0
     for block in layout.blocks:
         attention = block.attention
         for kernel in (attention.query_kernel, attention.key_kernel, attention.value_kernel):
             total += _numel(kernel)
-        if attention.use_rope:
-            total += _numel(attention.query_kernel) + _numel(attention.key_kernel)
         total += _numel(attention.output_kernel) + _numel(block.up.kernel)
         if block.gate is not None:
             total += _numel(block.gate.kernel)
@@ -110,7 +108,7 @@ def _numel(variable):
 
 def serves(layout, caches) -> bool:
     """Whether a `ModelStep` can run `layout` on `caches`: float caches (`KVCache`) on
-    the CPU, one per block, fused copies within `FUSED_BYTES`, no attention recorded."""
+    the CPU, one per block, no attention recorded."""
     if layout is None or len(caches) != len(layout.blocks):
         return False
     for cache in caches:
@@ -120,9 +118,8 @@ def serves(layout, caches) -> bool:
             return False
     if any(attention_probe.is_recording(block.attention) for block in layout.blocks):
         return False
-    if model_calls.eager_calls() is None:  # a Keras scope: a variable's tensor is not its value
-        return False
-    return fused_bytes(layout) <= FUSED_BYTES
+    # A Keras scope: a variable's tensor is not its value.
+    return model_calls.eager_calls() is not None
 
 
 _POSITIONS: list = []
@@ -135,10 +132,16 @@ def _position(index):
     return _POSITIONS[index]
 
 
+def _rows(batch, width):
+    """A zero `(batch, width)` buffer whose rows start at even offsets (a complex view of
+    its columns needs them)."""
+    return torch.zeros(batch, width + width % 2)[:, :width]
+
+
 class _Norm:
     """An RMS norm or LayerNorm over the last axis (`NormLayout`), float32.
 
-    Before a product, an RMS norm's scale is folded into the product's matrix
+    Before a fused product, an RMS norm's scale is folded into the product's matrix
     (`fold`), and the per-row factor `rsqrt(sum(x^2) + width * epsilon)` (`factor`,
     one batched dot product and two in-place calls) multiplies the product's rows: the
     same value as normalising first, in three calls instead of six.
@@ -151,6 +154,7 @@ class _Norm:
         scale = _tensor(record.scale)
         self.weight = scale + record.scale_offset if record.scale_offset else scale
         self.bias = _tensor(record.bias)
+        self.folded = self.weight * self.width**0.5 if self.rms else None
 
     @classmethod
     def optional(cls, record):
@@ -158,13 +162,20 @@ class _Norm:
 
     def fold(self, matrix):
         """`matrix` `(width, units)` with the RMS scale (and `sqrt(width)`) folded in."""
-        return matrix * (self.weight * self.width**0.5)[:, None]
+        return matrix * self.folded[:, None]
 
     def factor(self, buffers):
         """`(B, 1)`: `rsqrt(sum(x^2) + width * epsilon)` of `buffers.x`'s rows."""
         torch.bmm(buffers.rows, buffers.columns, out=buffers.squares)
         buffers.squares.add_(self.width * self.epsilon).rsqrt_()
         return buffers.factor
+
+    def normalized(self, buffers):
+        """The norm of `buffers.x`: into `buffers.normed` (RMS) or a new tensor."""
+        if self.rms:
+            factor = self.factor(buffers)
+            return torch.mul(buffers.x, factor, out=buffers.normed).mul_(self.folded)
+        return self(buffers.x)
 
     def __call__(self, x):
         """The norm of `x`, as a new tensor."""
@@ -174,31 +185,46 @@ class _Norm:
         return _functional.layer_norm(x, (self.width,), self.weight, self.bias, self.epsilon)
 
 
-class _NormedProduct:
-    """`norm(x) @ matrix + bias` written into a buffer (see `_Norm`)."""
+class _Product:
+    """`norm(x) @ [m_1 | m_2 | ...] + bias`, written into a buffer.
 
-    def __init__(self, norm, matrix, bias):
+    Fused: one product on a copy of the matrices side by side, laid out `(inputs,
+    units)` (a transposed view, such as a tied head's table, streams slower), with an RMS
+    norm's scale folded in (`_Norm`). Else one product per matrix on the model's own
+    tensors after the norm: no copy.
+    """
+
+    def __init__(self, norm, matrices, bias, fused):
         self.norm = norm
-        self.matrix = norm.fold(matrix) if norm.rms else matrix
         self.bias = bias
+        self.width = sum(int(matrix.shape[1]) for matrix in matrices)
+        self.folded = fused and norm.rms
+        if fused:
+            matrix = torch.cat(matrices, dim=1) if len(matrices) > 1 else matrices[0]
+            matrices = [(norm.fold(matrix) if norm.rms else matrix).contiguous()]
+        self.matrices = matrices
 
     def __call__(self, buffers, out=None):
-        """The product, into `out` (a new tensor when None)."""
-        if self.norm.rms:
+        """The product, into `out` (a new tensor when None; one matrix only)."""
+        if self.folded:
             factor = self.norm.factor(buffers)
-            if out is None:
-                out = torch.mm(buffers.x, self.matrix)
-            else:
-                torch.mm(buffers.x, self.matrix, out=out)
+            out = torch.mm(buffers.x, self.matrices[0], out=out)
             out.mul_(factor)
             if self.bias is not None:
                 out.add_(self.bias)
-        elif out is None:
-            out = rows_linear(self.norm(buffers.x), self.matrix, self.bias)
-        elif self.bias is None:
-            torch.mm(self.norm(buffers.x), self.matrix, out=out)
-        else:
-            torch.addmm(self.bias, self.norm(buffers.x), self.matrix, out=out)
+            return out
+        x = self.norm.normalized(buffers)
+        if len(self.matrices) == 1:
+            if self.bias is None:
+                return torch.mm(x, self.matrices[0], out=out)
+            return torch.addmm(self.bias, x, self.matrices[0], out=out)
+        start = 0
+        for matrix in self.matrices:
+            stop = start + matrix.shape[1]
+            torch.mm(x, matrix, out=out[:, start:stop])
+            start = stop
+        if self.bias is not None:
+            out.add_(self.bias)
         return out
 
 
@@ -211,46 +237,99 @@ class _Buffers:
         self.columns = self.x.view(batch, hidden, 1)
         self.squares = torch.zeros(batch, 1, 1)
         self.factor = self.squares.view(batch, 1)
+        self.normed = torch.zeros(batch, hidden)
+
+
+class _Rotation:
+    """RoPE on the query and key heads of a projected row, as one complex product.
+
+    `order` lays each head's rotating features out as pairs `(x_j, x_{j + half})` side by
+    side (the features that do not rotate after all pairs), so that a complex view of the
+    pairs times `cos + i sin` is `x * cos + rotate_half(x) * sin`; `inverse` gathers the
+    result back into the heads' order for the cache and attention. A fused QKV matrix
+    has its query and key columns in `order` already (`permuted`); else the row is
+    gathered into it first. The weights are read once: no rotated copy of the kernels.
+    """
+
+    def __init__(self, heads, head_dim, rotary_dim, table, permuted):
+        half = rotary_dim // 2
+        natural = torch.arange(heads * head_dim).view(heads, head_dim)
+        pairs = torch.stack([natural[:, :half], natural[:, half:rotary_dim]], dim=-1)
+        self.order = torch.cat([pairs.reshape(-1), natural[:, rotary_dim:].reshape(-1)])
+        self.inverse = torch.argsort(self.order)
+        self.pairs_width = heads * rotary_dim
+        self.table = table
+        self.permuted = permuted
+
+    def bind(self, projected):
+        """The `(B, heads * head_dim)` buffer the rotated row goes to, for `projected`."""
+        batch, width = projected.shape[0], self.order.numel()
+        self.projected = projected
+        self.paired = projected if self.permuted else _rows(batch, width)
+        pairs = self.paired[:, : self.pairs_width].view(batch, -1, 2)
+        self.pairs = torch.view_as_complex(pairs)
+        self.rotated = torch.zeros(batch, width)
+        return self.rotated
+
+    def __call__(self, position):
+        if not self.permuted:
+            torch.index_select(self.projected, 1, self.order, out=self.paired)
+        self.pairs.mul_(self.table[position])
+        torch.index_select(self.paired, 1, self.inverse, out=self.rotated)
 
 
 class _Block:
-    """One block's bound tensors and traits (see the module docstring)."""
+    """One block's bound tensors and traits (see the module docstring); `fused`: its
+    products on fused copies of the kernels, else on the model's own tensors."""
 
-    def __init__(self, block, rope_tables):
+    def __init__(self, block, rope_tables, fused):
         attention = block.attention
         self.heads, self.key_heads = attention.num_heads, attention.num_key_value_heads
         self.head_dim = head_dim = attention.head_dim
         self.window = attention.sliding_window
         self.causal = attention.causal
         scale = attention._attention_options(None, False, None).scale
-        query = _tensor(attention.query_kernel) * scale
-        key = _tensor(attention.key_kernel)
-        value = _tensor(attention.value_kernel)
-        columns = [query, key, value]
+        names = ("query", "key", "value")
+        kernels = [_tensor(getattr(attention, f"{name}_kernel")) for name in names]
+        inputs = kernels[0].shape[0]
+        kernels = [kernel.reshape(inputs, -1) for kernel in kernels]
         biases = None
         if attention.use_bias:
-            query_bias = _tensor(attention.query_bias) * scale
-            biases = [query_bias, _tensor(attention.key_bias), _tensor(attention.value_bias)]
-        self.rope = None
+            biases = [_tensor(getattr(attention, f"{name}_bias")).reshape(-1) for name in names]
+        # Fused, the attention scale is folded into the query columns; else SDPA applies it.
+        self.scale = 1.0 if fused else scale
+        if fused:
+            kernels[0] = kernels[0] * scale
+            if biases is not None:
+                biases[0] = biases[0] * scale
+        self.rotation = None
         rotary_dim = attention.rotary_embedding.rotary_dim(head_dim) if attention.use_rope else 0
         if rotary_dim:
-            columns += [_rotate_half(query, rotary_dim), _rotate_half(key, rotary_dim)]
-            if biases is not None:
-                biases += [_rotate_half(b, rotary_dim) for b in biases[:2]]
-            self.rope = rope_tables.tables(attention, rotary_dim)
-        inputs = query.shape[0]
+            heads = self.heads + self.key_heads
+            table = rope_tables.tables(attention, rotary_dim, heads)
+            self.rotation = _Rotation(heads, head_dim, rotary_dim, table, permuted=fused)
+            if fused:
+                order = self.rotation.order
+                kernels = [torch.cat(kernels[:2], dim=1).index_select(1, order), kernels[2]]
+                if biases is not None:
+                    biases = [torch.cat(biases[:2]).index_select(0, order), biases[2]]
         self.query_width = self.heads * head_dim
         self.qk_width = self.query_width + self.key_heads * head_dim
         self.value_end = self.qk_width + self.key_heads * head_dim
-        self.attention_input = _NormedProduct(
+        self.attention_input = _Product(
             _Norm(block.attention_norm),
-            torch.cat([c.reshape(inputs, -1) for c in columns], dim=1),
-            None if biases is None else torch.cat([b.reshape(-1) for b in biases]),
+            kernels,
+            None if biases is None else torch.cat(biases),
+            fused,
         )
         output = _tensor(attention.output_kernel)
         gates = _tensor(attention.head_gates)
+        self.gates = None
         if not bool((gates == 1).all()):
-            output = output * gates.to(output.dtype)[:, None, None]
+            if fused:  # folded into a copy of the output kernel
+                output = output * gates.to(output.dtype)[:, None, None]
+            else:  # on the attended rows
+                self.gates = gates.to(output.dtype).view(self.key_heads, -1, 1)
         self.output = output.reshape(-1, output.shape[-1])
         self.output_bias = _tensor(attention.output_bias) if attention.use_output_bias else None
         self.post_attention_norm = _Norm.optional(block.post_attention_norm)
@@ -259,12 +338,12 @@ class _Block:
         self.activation = model_calls.activation(*block.activation)
         self.intermediate = int(block.up.kernel.shape[-1])
         self.gated = block.gate is not None
-        up, up_bias = _tensor(block.up.kernel), _tensor(block.up.bias)
+        up, up_bias = [_tensor(block.up.kernel)], _tensor(block.up.bias)
         if self.gated:
-            up = torch.cat([_tensor(block.gate.kernel), up], dim=1)
+            up.insert(0, _tensor(block.gate.kernel))
             if up_bias is not None:
                 up_bias = torch.cat([_tensor(block.gate.bias), up_bias])
-        self.mlp_input = _NormedProduct(_Norm(block.mlp_norm), up, up_bias)
+        self.mlp_input = _Product(_Norm(block.mlp_norm), up, up_bias, fused)
         self.down, self.down_bias = _tensor(block.down.kernel), _tensor(block.down.bias)
         self.batch = None
 
@@ -273,20 +352,17 @@ class _Block:
         if self.batch != batch:
             self.batch = batch
             key_heads, head_dim = self.key_heads, self.head_dim
-            self.projected = torch.zeros(batch, self.attention_input.matrix.shape[1])
-            if self.rope is None:
+            self.projected = _rows(batch, self.attention_input.width)
+            if self.rotation is None:
                 query_key = self.projected[:, : self.qk_width]
-                self.unrotated = self.rotating = None
             else:
-                query_key = self.query_key = torch.zeros(batch, self.qk_width)
-                self.unrotated = self.projected[:, : self.qk_width]
-                self.rotating = self.projected[:, self.value_end :]
+                query_key = self.rotation.bind(self.projected)
             self.queries = query_key[:, : self.query_width].view(batch, key_heads, -1, head_dim)
             self.new_key = query_key[:, self.query_width :].view(batch, key_heads, 1, head_dim)
             self.new_value = self.projected[:, self.qk_width : self.value_end].view(
                 batch, key_heads, 1, head_dim
             )
-            self.up = torch.zeros(batch, self.mlp_input.matrix.shape[1])
+            self.up = torch.zeros(batch, self.mlp_input.width)
             if self.gated:
                 self.gate_half = self.up[:, : self.intermediate]
                 self.up_half = self.up[:, self.intermediate :]
@@ -306,10 +382,8 @@ class _Block:
 
     def _attention(self, buffers, position):
         self.attention_input(buffers, self.projected)
-        if self.rope is not None:
-            cos, sin = self.rope
-            torch.mul(self.unrotated, cos[position], out=self.query_key)
-            self.query_key.addcmul_(self.rotating, sin[position])
+        if self.rotation is not None:
+            self.rotation(position)
         cache, index = self.cache, _position(position)
         cache.key.index_copy_(2, index, self.new_key)
         cache.value.index_copy_(2, index, self.new_value)
@@ -317,7 +391,10 @@ class _Block:
         keys = cache.key.narrow(2, first, stop - first)
         values = cache.value.narrow(2, first, stop - first)
         # The query heads of each KV head's group are that head's queries: plain SDPA.
-        attended = _sdpa(self.queries, keys, values, scale=1.0).view(self.batch, -1)
+        attended = _sdpa(self.queries, keys, values, scale=self.scale)
+        if self.gates is not None:
+            attended.mul_(self.gates)
+        attended = attended.view(self.batch, -1)
         x = buffers.x
         if self.post_attention_norm is not None:
             output = rows_linear(attended, self.output, self.output_bias)
@@ -340,44 +417,26 @@ class _Block:
             x.add_(self.down_bias)
 
 
-def _rotate_half(kernel, rotary_dim):
-    """`kernel` `(..., D)` with RoPE's `rotate_half` applied to its last axis's first
-    `rotary_dim` features (`[-second, first]`) and zeros after them: `x @ W` rotated is
-    `x @ _rotate_half(W)`, exactly (a signed permutation)."""
-    half = rotary_dim // 2
-    parts = [-kernel[..., half:rotary_dim], kernel[..., :half]]
-    if rotary_dim < kernel.shape[-1]:
-        parts.append(torch.zeros_like(kernel[..., rotary_dim:]))
-    return torch.cat(parts, dim=-1)
-
-
 class RopeTables:
-    """RoPE's `cos` and `sin` rows per position, `(1, (heads + kv_heads) * head_dim)`
-    each, for the layers of one model: angles as `eager_decode._rotation` computes
-    them (float32 positions times float32 inverse frequencies), 1 and 0 on features that
-    do not rotate; the rows are views kept in lists, read without a torch call."""
+    """RoPE's `cos + i sin` rows per position, `(1, heads * rotary_dim / 2)` complex, for
+    the layers of one model: one per rotating pair of every head (`_Rotation`'s order),
+    angles as `eager_decode._rotation` computes them (float32 positions times float32
+    inverse frequencies); the rows are views kept in lists, read without a torch call."""
 
     def __init__(self, length):
         self.length = length
         self._tables = {}
 
-    def tables(self, attention, rotary_dim):
-        rope = attention.rotary_embedding
-        frequencies = rope._inverse_frequencies(rotary_dim)
-        heads = attention.num_heads + attention.num_key_value_heads
-        key = (frequencies, attention.head_dim, heads)
+    def tables(self, attention, rotary_dim, heads):
+        frequencies = attention.rotary_embedding._inverse_frequencies(rotary_dim)
+        key = (frequencies, heads)
         found = self._tables.get(key)
         if found is None:
             inverse = torch.tensor(frequencies, dtype=torch.float32)
             positions = torch.arange(self.length, dtype=torch.int32).float()
             angles = positions[:, None] * inverse
-            angles = torch.cat([angles, angles], dim=-1)
-            passing = attention.head_dim - rotary_dim
-            cos = torch.cat([angles.cos(), torch.ones(self.length, passing)], dim=-1)
-            sin = torch.cat([angles.sin(), torch.zeros(self.length, passing)], dim=-1)
-            found = self._tables[key] = tuple(
-                list(table.repeat(1, heads)[:, None].unbind(0)) for table in (cos, sin)
-            )
+            rows = torch.complex(angles.cos(), angles.sin()).repeat(1, heads)
+            found = self._tables[key] = list(rows[:, None].unbind(0))
         return found
 
 
@@ -392,7 +451,10 @@ class ModelStep:
         self.fingerprint = _layout_tensors(layout)
         self.length = length
         tables = RopeTables(length)
-        self.blocks = [_Block(block, tables) for block in layout.blocks]
+        # Small models: the products on fused copies of the kernels (fewer calls); else
+        # on the model's own tensors, whose memory stays the model's.
+        self.fused = fused_bytes(layout) <= FUSED_BYTES
+        self.blocks = [_Block(block, tables, self.fused) for block in layout.blocks]
         self.table = _tensor(layout.token_embedding)
         self.hidden_size = int(self.table.shape[1])
         self.positions = _tensor(layout.position_embedding)
@@ -401,7 +463,7 @@ class ModelStep:
             self.embedding_scale = float(torch.tensor(self.embedding_scale, dtype=torch.float32))
         head = self.table.t() if layout.lm_head is None else _tensor(layout.lm_head.kernel)
         head_bias = None if layout.lm_head is None else _tensor(layout.lm_head.bias)
-        self.head = _NormedProduct(_Norm(layout.final_norm), head, head_bias)
+        self.head = _Product(_Norm(layout.final_norm), [head], head_bias, self.fused)
         self.soft_cap = layout.logit_soft_cap
         self.buffers = None
         self.caches = None
