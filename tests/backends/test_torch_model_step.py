@@ -100,7 +100,8 @@ def test_generate_takes_it_and_gives_the_layers_tokens(loaded, monkeypatch):
     stats = generation_stats(model)
     assert (stats["path"], stats["step"]) == ("device_loop", "whole_model"), stats
     per_token = generate(model, prompt, 8, decode_path="per_token")
-    assert generation_stats(model)["step"] == "whole_model"
+    stats = generation_stats(model)
+    assert (stats["path"], stats["step"]) == ("per_token", "whole_model"), stats
     quantized = generate(model, prompt, 8, kv_cache_dtype="int8")
     assert generation_stats(model)["step"] == "layers"  # int8 codes: the layers' step
     assert quantized.shape == ours.shape
