@@ -2,15 +2,17 @@
 
 At a single-token step a small model does almost no arithmetic, so its time is the
 host's: every torch call costs a few microseconds to dispatch, and Keras's layer calls
-and the layers' checks cost more. `ModelStep` runs the step of a model described by a
+and the layers' checks cost more. A large model's step is its weights read once, at
+the memory's bandwidth. `ModelStep` runs the step of a model described by a
 `keras_mha.backends.common.decoder_layout.DecoderLayout` on tensors bound once per
-`generate` call, in few calls per block:
+`generate` call, in few calls per block and reading each weight once:
 
-- one product for the query, key and value projections together, whose matrix also
-  holds the query and key kernels with each head's rotating halves swapped (RoPE's
-  `rotate_half` is a signed permutation of the projection's columns) and the query
-  kernel scaled by the attention scale; RoPE is then `qk * cos + qk_rotated * sin` on
-  rows of tables made once (1 and 0 on features that do not rotate);
+- the query, key and value projections as one product (`_Product`), the query kernel
+  scaled by the attention scale;
+- RoPE as one complex product on the projected row (`_Rotation`): each head's rotating
+  features sit in pairs `(x_j, x_{j + half})` side by side, so a complex view of them
+  times `cos + i sin` is `x * cos + rotate_half(x) * sin`, and one `index_select` puts the
+  row back in the heads' order; no rotated copy of the kernels is read;
 - the key and value written into the cache in place, one query per KV head group
   attending over the written prefix (a view) in one SDPA call;
 - the output projection and the residual in one `addmm_` (head gates folded into the
@@ -20,12 +22,18 @@ and the layers' checks cost more. `ModelStep` runs the step of a model described
   factor per row (`_Norm`); the hidden state, the projections and the MLP's activations
   in buffers made once per batch size, with their views.
 
-The fused matrices are copies of the kernels: they are made only for models whose
-copies fit in `FUSED_BYTES` (the host cost matters for small models; a large one keeps
-the layers' eager calls, whose dispatch is a small part of its step). They are made
-again when a kernel's tensor changes (assigned, trained or pruned: `ModelStep.matches`).
-The result is the layers' step up to float round-off (the products are summed in
-another order); `generate`'s tests check that greedy tokens agree.
+The fused matrices (QKV with the query and key columns in the rotation's order, gate
+and up, the output kernel with gates, the LM head with the final norm; laid out
+`(inputs, units)`: a tied head read through the table's transposed view streams
+slower) are copies of the kernels, made only for models whose copies fit in
+`FUSED_BYTES`. A larger model (`ModelStep.fused` False) runs the same step on its own
+tensors, so its memory stays the model's: one product per kernel, the norms applied to
+the row, the row gathered into the rotation's order first, the attention scale given
+to SDPA and head gates applied to the attended rows. Its dispatch is a small part of
+its step. The copies are made again when a kernel's tensor changes (assigned, trained
+or pruned: `ModelStep.matches`). The result is the layers' step up to float round-off
+(the products are summed in another order); `generate`'s tests check that greedy
+tokens agree.
 
 Example:
     >>> step = ModelStep.bind(layout, caches)  # doctest: +SKIP
