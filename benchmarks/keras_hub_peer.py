@@ -6,8 +6,9 @@ transformers run. Its `CausalLM.generate` (here with `preprocessor=None` and gre
 sampling) pads the prompt to `max_length` (prompt + new tokens), runs the whole padded
 sequence once to seed its cache, then samples inside one compiled program on JAX
 (`jax.jit`) and TensorFlow (`tf.function` with XLA, asked for here: Keras's default leaves
-XLA off on a CPU-only machine); on PyTorch it runs eagerly under `torch.no_grad()`. Its compiled function is cached per
-input shape, so the untimed warm-up call of `time_rounds` compiles each shape once.
+XLA off on a CPU-only machine); on PyTorch it runs eagerly under `torch.no_grad()`.
+Its compiled function is cached per input shape, so the untimed warm-up call of
+`time_rounds` compiles each shape once.
 
 Example:
     >>> sorted(PEERS)
