@@ -1,9 +1,11 @@
-"""Benchmark of whole-model generation: prefill and decode tokens/s, beside transformers.
+"""Benchmark of whole-model generation: prefill and decode tokens/s, beside its peers.
 
 A decoder shaped like a bundled card (default Llama-3.2-1B), scaled down to fit a small
 CPU unless `--full-size`, gets random weights from transformers (`save_pretrained` into a
 temporary folder), is loaded with `from_pretrained` on the current Keras backend and
-timed with `generate`; transformers' own `generate` on torch runs the same checkpoint.
+timed with `generate`. The peers run the same checkpoint: transformers' own `generate`
+on torch (eager, and its static cache + `torch.compile`), and keras-hub's `generate` on
+the current Keras backend where `keras_hub_peer.PEERS` has a row for the card's family.
 
 - prefill tokens/s: `batch * prompt_length` / time of `generate(..., max_new_tokens=1)`;
 - decode tokens/s: `batch * (new_tokens - 1)` / (time of `generate(..., new_tokens)` minus
@@ -11,7 +13,7 @@ timed with `generate`; transformers' own `generate` on torch runs the same check
 
 After one warm-up call of each (which compiles), `--rounds` rounds time both sides in
 turn, the side that goes first alternating; each round gives a ratio keras-mha /
-transformers of tokens/s (above 1: keras-mha is faster), reported as the median and the
+peer of tokens/s (above 1: keras-mha is faster), reported as the median and the
 quartiles over the rounds. Load elsewhere on the machine slows both sides of a round
 alike, so the ratios hold on a busy machine while the tokens/s do not. `--backends`
 runs the bench once per Keras backend, each in a fresh process, into one table.
