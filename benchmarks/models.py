@@ -637,9 +637,10 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
     )
     legend = (
         f"medians of {arguments.rounds} rounds, quartiles in parentheses; ratio = keras-mha "
-        f"/ the row above, tok/s in the same round (above 1: keras-mha faster); transformers "
-        f"compiled = its static cache + torch.compile"
+        f"/ the row above, tok/s in the same round (above 1: keras-mha faster)"
     )
+    if any(THEIRS_COMPILED in report for report in reports):
+        legend += "; transformers compiled = its static cache + torch.compile"
     bounds = first.get("roofline")
     if bounds and bounds.get("bound_tokens_per_second"):
         legend += (
