@@ -160,8 +160,10 @@ def scaled_config(config: dict, scale: int) -> dict:
     )
     if config.get("head_dim"):
         config["head_dim"] = config["hidden_size"] // heads
+    # None, not absent: a family's default id may lie outside the capped vocabulary
+    # (Phi-3's pad id is 32000).
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        config.pop(key, None)
+        config[key] = None
     return config
 
 
