@@ -4,7 +4,8 @@
 
 - `layers` (`layers.py`, with `backends.py` for what differs per backend): the attention
   layers against Keras, keras-hub and the backend's fused kernel (the default);
-- `model` (`models.py`): whole-model prefill and decode tokens/s, beside transformers;
+- `model` (`models.py`, with `keras_hub_peer.py` for keras-hub's side): whole-model
+  prefill and decode tokens/s, beside transformers and keras-hub;
 - `inspect` (`startup.py`): `keras-mha inspect` and `compare` from a cold process;
 - `roofline` (`roofline.py`): measured decode tokens/s against the planner's speed bound
   on this CPU (its measured copy bandwidth);

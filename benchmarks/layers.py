@@ -51,7 +51,7 @@ import sys
 import time
 
 from benchmarks import worker_environment
-from benchmarks.reporting import quartiles, table, turn_order
+from benchmarks.reporting import caption, quartiles, table, turn_order
 from keras_mha.errors import KerasMHAError, MissingDependencyError, UsageError
 
 CASES = ("mha", "gqa", "decode")
@@ -718,32 +718,56 @@ def _percent(value: float) -> str:
     return f"{value:.0f}%" if value >= 10 else f"{value:.2g}%"
 
 
-def _cells(row: dict, decode: bool) -> list[str]:
+def _label(row: dict) -> str:
+    return "  " + row["implementation"] + (" recompute" if row["mode"] == RECOMPUTE else "")
+
+
+def _speed_cells(row: dict) -> list[str]:
     low, high = row["quartiles_ms"]
     ratio = row["time_vs_keras_mha"]
     reference = row["percent_of_reference"]
+    decode = row["case"] == "decode"
     if decode and row["mode"] == STEP:
         roofline = f"{_percent(row['percent_of_copy_bandwidth'])} bw"
     else:
         roofline = _percent(row["percent_of_matmul_peak"]) + (" flop" if decode else "")
-    diff = row["max_abs_diff"]
-    name = row["implementation"] + (" recompute" if row["mode"] == RECOMPUTE else "")
     return [
-        *([] if decode else [row["case"], row["mode"]]),
-        name,
+        _label(row),
         f"{_ms(row['median_ms'])} ({_ms(low)}-{_ms(high)})",
         "-"
         if ratio is None
         else f"{ratio:.2f}x" + (" MHA" if row["implementation"] in MHA_ROWS[1:] else ""),
         "-" if reference is None else f"{reference:.0f}%",
         roofline,
+    ]
+
+
+def _detail_cells(row: dict) -> list[str]:
+    diff = row["max_abs_diff"]
+    return [
+        _label(row),
         "n/a" if row["peak_mb"] is None else f"{row['peak_mb']:.1f}",
         "-" if diff is None else f"{diff:.1e}",
     ]
 
 
+def _grouped(rows: list[dict], decode_context: int, cells) -> list[list[str]]:
+    """`cells(row)` of every row under a heading row per case and mode, in run order."""
+    body, heading = [], None
+    for row in rows:
+        case = row["case"]
+        title = f"decode, context {decode_context}" if case == "decode" else f"{case} {row['mode']}"
+        if title != heading:
+            heading = title
+            blank = [""] * (len(body[-1]) - 1 if body else 0)
+            body.append([title, *blank])
+        body.append(cells(row))
+    width = max(len(cells) for cells in body)
+    return [cells + [""] * (width - len(cells)) for cells in body]
+
+
 def render(results: dict, markdown: bool = False) -> str:
-    """The results as a plain-text (or Markdown) report.
+    """The results as a plain-text (or Markdown) report; text lines keep to 80 columns.
 
     Example:
         >>> print(render(run_benchmark(Config(seq_len=32, isolate=False))))  # doctest: +SKIP
@@ -756,37 +780,49 @@ def render(results: dict, markdown: bool = False) -> str:
         "tensorflow": f"tf.function(jit_compile={s['tf_jit_compile']})",
         "torch": "torch.compile" if s["torch_compile"] else "torch eager",
     }[environment["backend"]]
+    # A markdown paragraph reflows by itself; a terminal's lines are wrapped here.
+    wrap = (lambda text: [text]) if markdown else caption
     lines = [
-        f"keras-mha bench layers: {environment['backend']} ({versions}) on "
-        f"{environment['device']}, {results['machine']['cpu_count']} CPU cores, "
-        f"{results['date']}" + (f", load average {load[0]:.1f}" if load else ""),
-        f"shapes: batch {s['batch']}, sequence {s['seq_len']}, {s['features']} features, "
-        f"{s['heads']} query heads of {s['head_dim']}, GQA {s['kv_heads']} KV heads, "
-        f"{'causal' if s['causal'] else 'not causal'}, {s['dtype']}; decode at context "
-        f"{s['decode_context']}; {compiled}",
-        f"roofline: {roofline['matmul']['n']}^3 matmul "
-        f"{roofline['matmul']['flops_per_s'] / 1e9:.1f} GFLOP/s ({s['dtype']}); copy "
-        f"{roofline['copy']['bytes_per_s'] / 1e9:.1f} GB/s (read + written)",
-        f"medians of {s['repeats']} calls ({s['decode_repeats']} decode steps) after "
-        f"{s['warmup']} warm-up, quartiles in parentheses; ratios from paired calls",
+        *wrap(
+            f"keras-mha bench layers: {environment['backend']} ({versions}) on "
+            f"{environment['device']}, {results['machine']['cpu_count']} CPU cores, "
+            f"{results['date']}" + (f", load average {load[0]:.1f}" if load else "")
+        ),
+        *wrap(
+            f"shapes: batch {s['batch']}, sequence {s['seq_len']}, {s['features']} features, "
+            f"{s['heads']} query heads of {s['head_dim']}, GQA {s['kv_heads']} KV heads, "
+            f"{'causal' if s['causal'] else 'not causal'}, {s['dtype']}; decode at context "
+            f"{s['decode_context']}; {compiled}"
+        ),
+        *wrap(
+            f"roofline: {roofline['matmul']['n']}^3 matmul "
+            f"{roofline['matmul']['flops_per_s'] / 1e9:.1f} GFLOP/s ({s['dtype']}); copy "
+            f"{roofline['copy']['bytes_per_s'] / 1e9:.1f} GB/s (read + written)"
+        ),
+        *wrap(
+            f"medians of {s['repeats']} calls ({s['decode_repeats']} decode steps) after "
+            f"{s['warmup']} warm-up, quartiles in parentheses; ratios from paired calls; "
+            "vs keras-mha = this row's time / keras-mha's; % of ref = this row's speed in % "
+            "of the reference's; % of roof = in % of the roofline"
+        ),
         "",
     ]
-    columns = ["ms (quartiles)", "time vs keras-mha", "% of reference", "% of roofline"]
-    columns += ["peak MB", "max abs diff"]
-    rows = results["rows"]
-    body = [_cells(r, decode=False) for r in rows if r["case"] != "decode"]
-    if body:
-        lines += table(["case", "mode", "implementation", *columns], body, markdown) + [""]
-    body = [_cells(r, decode=True) for r in rows if r["case"] == "decode"]
-    if body:
-        header = [f"decode, context {s['decode_context']}", *columns]
-        lines += table(header, body, markdown)
-        lines += [
-            "",
-            "decode % of roofline: steps = K/V bytes read per second / copy bandwidth (bw); "
+    rows = [r for r in results["rows"] if r["case"] != "decode"]
+    rows += [r for r in results["rows"] if r["case"] == "decode"]
+    if not rows:
+        return "\n".join(lines).rstrip() + "\n"
+    speed = ["", "ms (quartiles)", "vs keras-mha", "% of ref", "% of roof"]
+    lines += table(speed, _grouped(rows, s["decode_context"], _speed_cells), markdown)
+    lines += [""]
+    details = ["", "peak MB", "max abs diff"]
+    lines += table(details, _grouped(rows, s["decode_context"], _detail_cells), markdown)
+    if any(r["case"] == "decode" for r in rows):
+        lines.append("")
+        lines += wrap(
+            "decode % of roof: steps = K/V bytes read per second / copy bandwidth (bw); "
             "the recompute = FLOP/s / matmul peak. The MHA rows compare with keras-mha MHA "
-            "and reference MHA.",
-        ]
+            "and reference MHA."
+        )
         if not results["keras_hub"]:
             lines.append("keras-hub is not installed: no keras-hub row.")
     return "\n".join(lines).rstrip() + "\n"

@@ -1,9 +1,11 @@
-"""Benchmark of whole-model generation: prefill and decode tokens/s, beside transformers.
+"""Benchmark of whole-model generation: prefill and decode tokens/s, beside its peers.
 
 A decoder shaped like a bundled card (default Llama-3.2-1B), scaled down to fit a small
 CPU unless `--full-size`, gets random weights from transformers (`save_pretrained` into a
 temporary folder), is loaded with `from_pretrained` on the current Keras backend and
-timed with `generate`; transformers' own `generate` on torch runs the same checkpoint.
+timed with `generate`. The peers run the same checkpoint: transformers' own `generate`
+on torch (eager, and its static cache + `torch.compile`), and keras-hub's `generate` on
+the current Keras backend where `keras_hub_peer.PEERS` has a row for the card's family.
 
 - prefill tokens/s: `batch * prompt_length` / time of `generate(..., max_new_tokens=1)`;
 - decode tokens/s: `batch * (new_tokens - 1)` / (time of `generate(..., new_tokens)` minus
@@ -11,7 +13,7 @@ timed with `generate`; transformers' own `generate` on torch runs the same check
 
 After one warm-up call of each (which compiles), `--rounds` rounds time both sides in
 turn, the side that goes first alternating; each round gives a ratio keras-mha /
-transformers of tokens/s (above 1: keras-mha is faster), reported as the median and the
+peer of tokens/s (above 1: keras-mha is faster), reported as the median and the
 quartiles over the rounds. Load elsewhere on the machine slows both sides of a round
 alike, so the ratios hold on a busy machine while the tokens/s do not. `--backends`
 runs the bench once per Keras backend, each in a fresh process, into one table.
@@ -32,8 +34,9 @@ import tempfile
 import time
 import warnings
 
-from benchmarks import backends
-from benchmarks.reporting import quartiles, table, turn_order
+from benchmarks import backends, keras_hub_peer
+from benchmarks.keras_hub_peer import KERAS_HUB
+from benchmarks.reporting import caption, quartiles, table, turn_order
 
 DEFAULT_CARD = "meta-llama/Llama-3.2-1B"
 
@@ -98,6 +101,11 @@ def parse_args(argv):
         help="skip transformers' static cache + torch.compile (its compile takes minutes)",
     )
     parser.add_argument(
+        "--no-keras-hub",
+        action="store_true",
+        help="skip keras-hub's generate (loaded from the same checkpoint)",
+    )
+    parser.add_argument(
         "--decode-path",
         default="auto",
         help="generate(decode_path=...) of keras-mha (default auto: the backend's fastest)",
@@ -152,8 +160,10 @@ def scaled_config(config: dict, scale: int) -> dict:
     )
     if config.get("head_dim"):
         config["head_dim"] = config["hidden_size"] // heads
+    # None, not absent: a family's default id may lie outside the capped vocabulary
+    # (Phi-3's pad id is 32000).
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        config.pop(key, None)
+        config[key] = None
     return config
 
 
@@ -314,6 +324,7 @@ def worker_argv(arguments) -> list[str]:
         "--no-transformers"
     ] * arguments.no_transformers
     argv += ["--no-compiled-transformers"] * arguments.no_compiled_transformers
+    argv += ["--no-keras-hub"] * arguments.no_keras_hub
     argv += ["--no-roofline"] * arguments.no_roofline + ["--decode-path", arguments.decode_path]
     for flag in ("batch", "prompt_length", "new_tokens", "rounds"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(arguments, flag))]
@@ -383,9 +394,12 @@ def model_results(arguments, extra_contenders=None) -> dict:
         "new_tokens": arguments.new_tokens,
         "quantize": arguments.quantize,
     }
+    skipped = "--no-keras-hub" if arguments.no_keras_hub else None
+    skipped = skipped or keras_hub_peer.unavailable(config["model_type"])
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
         model = from_pretrained(folder, dtype=dtype, quantize=arguments.quantize)
+        hub = None if skipped else keras_hub_peer.load(folder, dtype)
     reference.to(torch_device)
     new = arguments.new_tokens
     path = arguments.decode_path
@@ -426,6 +440,8 @@ def model_results(arguments, extra_contenders=None) -> dict:
         if not arguments.no_compiled_transformers:
             options = {"cache_implementation": "static", "compile_config": compiled}
             contenders[THEIRS_COMPILED] = (theirs(1, **options), theirs(new, **options))
+    if hub is not None:
+        contenders[KERAS_HUB] = tuple(keras_hub_peer.generator(hub, ids, n) for n in (1, new))
     contenders.update(extra_contenders or {})
     times = time_rounds(contenders, arguments.rounds)
     results["extra_times"] = {name: times[name] for name in extra_contenders or ()}
@@ -447,6 +463,16 @@ def model_results(arguments, extra_contenders=None) -> dict:
         results["paired"] = paired_ratios(results[OURS], results[THEIRS])
     if THEIRS_COMPILED in results:
         results["paired_compiled"] = paired_ratios(results[OURS], results[THEIRS_COMPILED])
+    results["keras_hub_skipped"] = skipped
+    if hub is not None:
+        import keras_hub
+
+        results[KERAS_HUB] = {
+            "backend": f"{keras.backend.backend()}, keras-hub {keras_hub.__version__}",
+            "generate": keras_hub_peer.compiled_as(hub),
+            **round_rates(times[KERAS_HUB], *shape),
+        }
+        results["paired_keras_hub"] = paired_ratios(results[OURS], results[KERAS_HUB])
     results["rounds"] = arguments.rounds
     results["machine"] = machine()
     results["machine"]["device"] = backends.device_name()
@@ -470,7 +496,7 @@ def roofline(results: dict, arguments, dtype: str) -> dict:
         return report
     bound = limits.decode_tokens_per_s  # over the whole batch, as the decode tok/s here
     report.update(bound_tokens_per_second=bound, limited_by=limits.decode_limited_by)
-    for name in (OURS, THEIRS, THEIRS_COMPILED):
+    for name in (OURS, THEIRS, THEIRS_COMPILED, KERAS_HUB):
         if name in results:
             report[name] = results[name]["decode_tokens_per_second"] / bound
     return report
@@ -520,13 +546,14 @@ def _rate_cell(row: dict | None, phase: str) -> str:
     if row is None:
         return "-"
     low, _, high = quartiles(row["rounds"][f"{phase}_tokens_per_second"])
-    digits = 0 if phase == "prefill" else 1
+    # A tenth of a token/s is signal below 100 tok/s, noise above (and widens the column).
+    digits = 1 if phase == "decode" and row[f"{phase}_tokens_per_second"] < 100 else 0
     return f"{row[f'{phase}_tokens_per_second']:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def _quantized_clause(arguments) -> str:
     mode = getattr(arguments, "quantize", None)
-    return "" if mode is None else f" (keras-mha's blocks {mode}, transformers float)"
+    return "" if mode is None else f" (keras-mha's blocks {mode}, peers float)"
 
 
 def _device_clause(machine: dict) -> str:
@@ -534,13 +561,72 @@ def _device_clause(machine: dict) -> str:
     return "" if device == "cpu" else f", {device}"
 
 
+#: The peers of keras-mha in the report, in order, with their row labels.
+PEERS = {THEIRS: "transformers", THEIRS_COMPILED: "transformers compiled", KERAS_HUB: "keras-hub"}
+#: The key of keras-mha's paired ratios against each peer in `model_results`' results.
+PAIRED = {THEIRS: "paired", THEIRS_COMPILED: "paired_compiled", KERAS_HUB: "paired_keras_hub"}
+
+
+def _rows(report: dict) -> list[list[str]]:
+    """One backend's rows: its name, keras-mha, then each peer that ran and keras-mha's
+    paired ratio to it (keras-hub as dashes when it was skipped)."""
+    ours = report[OURS]
+    stats = ours["generation"]
+    mode = stats.get("path") or ("compiled" if stats.get("compiled") else "eager")
+    bounds = report.get("roofline", {})
+
+    def fraction(name):
+        value = bounds.get(name)
+        return "-" if value is None else f"{value:.2f}"
+
+    def rates(label, name):
+        row = report.get(name)
+        return [label, _rate_cell(row, "prefill"), _rate_cell(row, "decode"), fraction(name)]
+
+    rows = [[ours["backend"], "", "", ""], rates(f"  keras-mha ({mode})", OURS)]
+    for name, label in PEERS.items():
+        paired = report.get(PAIRED[name])
+        if paired is not None:
+            rows.append(rates(f"  {label}", name))
+            rows.append(
+                ["    ratio", _ratio_cell(paired["prefill"]), _ratio_cell(paired["decode"]), ""]
+            )
+        elif name == KERAS_HUB and report.get("keras_hub_skipped"):
+            rows.append([f"  {label}", "-", "-", "-"])
+    return rows
+
+
+def _notes(report: dict) -> list[str]:
+    """The lines under the table about one backend's keras-hub and quantized-cache runs."""
+    backend = report[OURS]["backend"]
+    notes = []
+    hub, skipped = report.get(KERAS_HUB), report.get("keras_hub_skipped")
+    if hub is not None:
+        notes.append(
+            f"keras-hub on {backend}: generate runs as {hub['generate']} ({hub['backend']})"
+        )
+    elif skipped:
+        notes.append(f"keras-hub on {backend}: not run: {skipped}")
+    quantized = report.get(QUANTIZED_KV)
+    if quantized:
+        paired, sizes = quantized["paired_with_float_cache"], quantized["cache_bytes"]
+        dtype = quantized["kv_cache_dtype"]
+        notes.append(
+            f"KV cache {dtype} / float ({backend}), tok/s in the same round: prefill "
+            f"{_ratio_cell(paired['prefill'])}, decode {_ratio_cell(paired['decode'])}; cache "
+            f"{sizes[dtype]:,} bytes vs {sizes['float']:,} at {sizes['length']} tokens"
+        )
+    return notes
+
+
 def render(reports: list[dict], arguments, markdown: bool = False) -> str:
-    """One row per backend: keras-mha's and transformers' tokens/s and the paired ratio,
-    each as the median over the rounds with the quartiles in parentheses."""
+    """One block of rows per backend: keras-mha's and each peer's tokens/s, each as the
+    median over the rounds with the quartiles in parentheses, keras-mha's paired ratio to
+    each peer, and each decode over the bound; text lines keep to 80 columns."""
     first = reports[0]
     shape = first["shape"]
     size = "(full size)" if arguments.full_size else f"/ {arguments.scale}"
-    lines = [
+    heading = (
         f"{arguments.card} {size}: hidden {shape['hidden_size']}, "
         f"{shape['num_attention_heads']} heads ({shape['num_key_value_heads']} KV), "
         f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
@@ -549,71 +635,31 @@ def render(reports: list[dict], arguments, markdown: bool = False) -> str:
         f"{arguments.batch}, prompt {arguments.prompt_length}, {arguments.new_tokens} new "
         f"tokens; {first['machine']['processor']}, {first['machine']['cpus']} CPUs"
         f"{_device_clause(first['machine'])}, "
-        f"{first['machine']['date']}",
-        f"medians of {arguments.rounds} rounds, quartiles in parentheses; ratio = keras-mha / "
-        f"transformers tok/s in the same round (above 1: keras-mha faster)",
-    ]
+        f"{first['machine']['date']}"
+    )
+    legend = (
+        f"medians of {arguments.rounds} rounds, quartiles in parentheses; ratio = keras-mha "
+        f"/ the row above, tok/s in the same round (above 1: keras-mha faster)"
+    )
+    if any(THEIRS_COMPILED in report for report in reports):
+        legend += "; transformers compiled = its static cache + torch.compile"
     bounds = first.get("roofline")
     if bounds and bounds.get("bound_tokens_per_second"):
-        lines.append(
-            f"decode bound {bounds['bound_tokens_per_second']:.1f} tok/s at "
-            f"{bounds['decode_context']} tokens of context ({bounds['limited_by']}; "
+        legend += (
+            f"; / bound = decode tok/s over the bound, {bounds['bound_tokens_per_second']:.1f} "
+            f"tok/s at {bounds['decode_context']} tokens of context ({bounds['limited_by']}; "
             f"{bounds['source']})"
         )
-    lines.append("")
-    header = [
-        "backend (decode path)",
-        "prefill tok/s keras-mha",
-        "transformers",
-        "ratio",
-        "decode tok/s keras-mha",
-        "transformers",
-        "ratio",
-        "transformers static+compile",
-        "ratio",
-        "decode / bound: keras-mha",
-        "transformers",
-        "static+compile",
-    ]
-    body = []
-    for report in reports:
-        ours, theirs, paired = report[OURS], report.get(THEIRS), report.get("paired", {})
-        stats = ours["generation"]
-        mode = stats.get("path") or ("compiled" if stats.get("compiled") else "eager")
-        bounds = report.get("roofline", {})
-
-        def fraction(name, bounds=bounds):
-            value = bounds.get(name)
-            return "-" if value is None else f"{value:.2f}"
-
-        body.append(
-            [
-                f"{ours['backend']} ({mode})",
-                _rate_cell(ours, "prefill"),
-                _rate_cell(theirs, "prefill"),
-                _ratio_cell(paired.get("prefill")),
-                _rate_cell(ours, "decode"),
-                _rate_cell(theirs, "decode"),
-                _ratio_cell(paired.get("decode")),
-                _rate_cell(report.get(THEIRS_COMPILED), "decode"),
-                _ratio_cell(report.get("paired_compiled", {}).get("decode")),
-                fraction(OURS),
-                fraction(THEIRS),
-                fraction(THEIRS_COMPILED),
-            ]
-        )
-    lines += table(header, body, markdown)
-    for report in reports:
-        quantized = report.get(QUANTIZED_KV)
-        if quantized:
-            paired, sizes = quantized["paired_with_float_cache"], quantized["cache_bytes"]
-            dtype = quantized["kv_cache_dtype"]
-            lines.append(
-                f"KV cache {dtype} / float ({report[OURS]['backend']}), tok/s in the "
-                f"same round: prefill {_ratio_cell(paired['prefill'])}, decode "
-                f"{_ratio_cell(paired['decode'])}; cache {sizes[dtype]:,} bytes vs "
-                f"{sizes['float']:,} at {sizes['length']} tokens"
-            )
+    # A markdown paragraph reflows by itself; a terminal's lines are wrapped here.
+    wrap = (lambda text: [text]) if markdown else caption
+    lines = wrap(heading) + wrap(legend) + [""]
+    header = ["backend", "prefill tok/s", "decode tok/s", "/ bound"]
+    lines += table(header, [row for report in reports for row in _rows(report)], markdown)
+    notes = [note for report in reports for note in _notes(report)]
+    if notes:
+        lines.append("")
+    for note in notes:
+        lines += wrap(note)
     return "\n".join(lines)
 
 

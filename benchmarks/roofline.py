@@ -140,8 +140,8 @@ def main(argv=None) -> int:
     model_arguments = models.parse_args(
         ["--card", arguments.card, "--scale", str(arguments.scale), "--prompt-length",
          str(arguments.prompt_length), "--new-tokens", str(arguments.new_tokens),
-         "--repeats", str(arguments.repeats), "--no-transformers", "--no-roofline",
-         "--decode-path", arguments.decode_path]
+         "--repeats", str(arguments.repeats), "--no-transformers", "--no-keras-hub",
+         "--no-roofline", "--decode-path", arguments.decode_path]
     )  # fmt: skip
     flops = matmul_flops()
     source = np.ones(COPY_BYTES // 4, dtype="float32")

@@ -15,7 +15,8 @@
 #   5. the layer decode step at context 2048, batch 1, 16 query / 2 KV heads (GQA) and
 #      MHA, eager and under `torch.compile`, the plain layer call beside the decode
 #      function, against the hand-written in-place step (the compiled CUDA GQA step of
-#      issue 33).
+#      issue 33);
+#   6. keras-hub's compiled generate beside keras-mha on JAX (`bench model`, batch 1).
 # The limits add up to 600 s; a step that would start with under 30 s left is skipped.
 # Logs go to OUTDIR (with ARCHIVE set, also packed into that .tar.gz after every step);
 # tables.md gathers the tables the docs quote; the last lines printed are a summary.
@@ -104,15 +105,18 @@ cat "$out/gpu.txt"
 if [ "$part" != suite ]; then
   # 1. Whole models: transformers (eager, static + compile) beside PyTorch; the other
   # backends carry the bound only (transformers' figures do not depend on them).
-  bench model-torch-b1 150 torch model "${model[@]}" --batch 1
-  bench model-jax-b1 60 jax model "${model[@]}" --batch 1 --no-transformers
-  bench model-torch-b8 60 torch model "${model[@]}" --batch 8 --no-compiled-transformers
-  bench model-jax-b8 45 jax model "${model[@]}" --batch 8 --no-transformers
+  # keras-hub's generate has a step of its own (below): its compile must not eat these.
+  bench model-torch-b1 150 torch model "${model[@]}" --batch 1 --no-keras-hub
+  bench model-jax-b1 60 jax model "${model[@]}" --batch 1 --no-transformers --no-keras-hub
+  bench model-torch-b8 60 torch model "${model[@]}" --batch 8 --no-compiled-transformers \
+    --no-keras-hub
+  bench model-jax-b8 45 jax model "${model[@]}" --batch 8 --no-transformers --no-keras-hub
   if [[ " ${backends[*]} " == *" tensorflow "* ]]; then
-    bench model-tensorflow-b1 60 tensorflow model "${model[@]}" --batch 1 --no-transformers
+    bench model-tensorflow-b1 60 tensorflow model "${model[@]}" --batch 1 --no-transformers \
+      --no-keras-hub
   fi
   bench model-torch-b1-per-token 45 torch model "${model[@]}" --batch 1 --no-transformers \
-    --decode-path per_token
+    --no-keras-hub --decode-path per_token
   # 2. The layer forward and backward against the fused kernel.
   for backend in "${backends[@]}"; do
     bench "layers-$backend-4x4096" 20 "$backend" layers "${layer[@]}" "${wide[@]}"
@@ -126,6 +130,8 @@ if [ "$part" != suite ]; then
   # 5. The decode step at context 2048, eager and compiled (GQA and MHA rows).
   bench decode-torch-eager-2048 25 torch layers "${step2048[@]}"
   bench decode-torch-compile-2048 60 torch layers "${step2048[@]}" --torch-compile
+  # 6. keras-hub's compiled generate (jax.jit) beside keras-mha's on JAX, same checkpoint.
+  bench model-jax-b1-keras-hub 90 jax model "${model[@]}" --batch 1 --no-transformers
 fi
 # --- Quantized KV cache (issue 32): float8 KV against the bfloat16 cache, context 8192 ---
 # A separate step: bench model pairs keras-mha with `--kv-cache-dtype float8_e4m3fn`
@@ -134,7 +140,7 @@ if [ "$part" != suite ]; then
   for backend in torch jax; do
     step "kv-float8-$backend" 240 env KERAS_BACKEND=$backend "$python" -m benchmarks model \
       --full-size --kv-cache-dtype float8_e4m3fn --prompt-length 8160 --new-tokens 32 \
-      --rounds 3 --no-transformers --format markdown
+      --rounds 3 --no-transformers --no-keras-hub --format markdown
   done
 fi
 if [ "$part" != bench ]; then

@@ -108,9 +108,10 @@ def test_compared_rows_computed_the_same_thing(tiny_results):
 def test_report_renders_every_column(tiny_results):
     table = bench.render(tiny_results)
     for text in (
-        "% of reference",
-        "% of roofline",
-        "time vs keras-mha",
+        "% of ref",
+        "% of roof",
+        "vs keras-mha",
+        "peak MB",
         "decode, context 16",
         "keras-hub MHA",
         "keras-mha recompute",
@@ -119,8 +120,10 @@ def test_report_renders_every_column(tiny_results):
     ):
         assert text in table
     markdown = bench.render(tiny_results, markdown=True)
-    assert "| case | mode | implementation | ms (quartiles) |" in markdown
-    assert markdown.count("| mha | forward |") == 3
+    assert "|  | ms (quartiles) | vs keras-mha | % of ref | % of roof |" in markdown
+    assert markdown.count("| mha forward |") == 2  # the speed and the details tables
+    # mha and gqa forward and forward+backward, and decode; in both tables.
+    assert markdown.count("|   keras-mha | ") == 2 * 5
     json.dumps(tiny_results)
 
 
@@ -142,7 +145,7 @@ def test_cli_passes_the_flags_and_prints_json(tiny_results, capsys, monkeypatch)
     expected.update(dtype="bfloat16", torch_compile=True, isolate=False, memory=False)
     assert configs == [bench.Config(**expected)]
     assert cli.main(["bench", "layers", *flags, "--in-process"]) == 0
-    assert "% of roofline" in capsys.readouterr().out
+    assert "% of roof" in capsys.readouterr().out
 
 
 @pytest.mark.backend_independent
@@ -325,3 +328,48 @@ def test_host_cost_report_fits_80_columns_and_states_its_ratio():
     )
     row = next(line for line in text.splitlines() if line.startswith("keras-mha tensorflow"))
     assert row.split()[-1] == f"{2.6 / 1.6:.2f}x"
+
+
+@pytest.mark.backend_independent
+def test_layers_report_fits_80_columns():
+    """`bench layers`' text report on made-up results at the widest cells it prints."""
+    row = {"times_ms": [123.4, 99.9], "rounds": [0, 1], "max_abs_diff": 1.2e-7,
+           "peak_mb": 12345.6, "median_ms": 99.99, "quartiles_ms": [0.0123, 123.4],
+           "time_vs_keras_mha": 12.34, "percent_of_reference": 1234.0,
+           "percent_of_matmul_peak": 0.0123, "percent_of_copy_bandwidth": 0.0123}  # fmt: skip
+    rows = [
+        {**row, "case": case, "mode": mode, "implementation": implementation}
+        for case in ("mha", "gqa")
+        for mode in ("forward", "forward+backward")
+        for implementation in (bench.OURS, bench.REFERENCE)
+    ]
+    rows += [
+        {**row, "case": "decode", "mode": mode, "implementation": implementation}
+        for implementation, mode in (
+            *((name, bench.STEP) for name in (bench.OURS, *bench.MHA_ROWS)),
+            (bench.OURS, bench.RECOMPUTE),
+        )
+    ]
+    settings = {**{key: 4096 for key in ("batch", "seq_len", "features", "decode_context")},
+                "heads": 128, "kv_heads": 16, "head_dim": 256, "causal": True,
+                "dtype": "bfloat16", "repeats": 100, "decode_repeats": 1000, "warmup": 10,
+                "tf_jit_compile": True, "torch_compile": True}  # fmt: skip
+    results = {
+        "date": "2026-11-29",
+        "machine": {"cpu_count": 16, "load_average": [12.5, 1, 1]},
+        "environment": {
+            "backend": "tensorflow",
+            "device": "NVIDIA H200 (139 GiB)",
+            "versions": {"keras": "3.15.1", "tensorflow": "2.21.0"},
+        },  # fmt: skip
+        "settings": settings,
+        "roofline": {
+            "matmul": {"n": 8192, "flops_per_s": 9.9e14},
+            "copy": {"bytes_per_s": 4.8e12},
+        },  # fmt: skip
+        "keras_hub": False,
+        "rows": rows,
+    }
+    text = bench.render(results)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "keras-mha recompute" in text and "keras-hub is not installed" in text
