@@ -394,12 +394,14 @@ def model_results(arguments, extra_contenders=None) -> dict:
         "new_tokens": arguments.new_tokens,
         "quantize": arguments.quantize,
     }
-    skipped = "--no-keras-hub" if arguments.no_keras_hub else None
-    skipped = skipped or keras_hub_peer.unavailable(config["model_type"])
+    # Asked away (--no-keras-hub): no row, as --no-transformers; no peer: a row and why.
+    skipped = None if arguments.no_keras_hub else keras_hub_peer.unavailable(config["model_type"])
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
         model = from_pretrained(folder, dtype=dtype, quantize=arguments.quantize)
-        hub = None if skipped else keras_hub_peer.load(folder, dtype)
+        hub = None
+        if not (arguments.no_keras_hub or skipped):
+            hub = keras_hub_peer.load(folder, dtype)
     reference.to(torch_device)
     new = arguments.new_tokens
     path = arguments.decode_path

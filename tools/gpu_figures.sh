@@ -44,6 +44,7 @@ if [ "$dry" = 1 ]; then
   layer=(--cases gqa --heads 4 --kv-heads 2 --head-dim 16 --repeats 1 --warmup 1 --no-memory
     --in-process --format markdown)
   host=(--rounds 1 --new-tokens 4 --format markdown)
+  kv=(--scale 32 --prompt-length 8 --new-tokens 4 --rounds 1 --format markdown)
   step2048=(--cases decode --heads 4 --kv-heads 2 --head-dim 16 --decode-context 64
     --decode-repeats 2 --no-memory --in-process --format markdown)
   scale=20 # dry runs on a loaded CPU: every limit times this
@@ -55,6 +56,7 @@ else
   layer=(--cases gqa --dtype bfloat16 --heads 32 --kv-heads 8 --head-dim 128 --repeats 5
     --no-memory --in-process --format markdown)
   host=(--rounds 5 --format markdown)
+  kv=(--full-size --prompt-length 8160 --new-tokens 32 --rounds 3 --format markdown)
   step2048=(--cases decode --batch 1 --heads 16 --kv-heads 2 --head-dim 64 --decode-context 2048
     --decode-repeats 30 --no-memory --in-process --format markdown)
   scale=1
@@ -139,8 +141,7 @@ fi
 if [ "$part" != suite ]; then
   for backend in torch jax; do
     step "kv-float8-$backend" 240 env KERAS_BACKEND=$backend "$python" -m benchmarks model \
-      --full-size --kv-cache-dtype float8_e4m3fn --prompt-length 8160 --new-tokens 32 \
-      --rounds 3 --no-transformers --no-keras-hub --format markdown
+      "${kv[@]}" --kv-cache-dtype float8_e4m3fn --no-transformers --no-keras-hub
   done
 fi
 if [ "$part" != bench ]; then

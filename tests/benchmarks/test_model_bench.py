@@ -137,7 +137,7 @@ def test_the_backends_table_has_one_block_per_backend():
     reports = [_report("jax"), _report("torch")]
     reports[0][bench.OURS]["generation"]["path"] = "loop"
     _with_every_peer(reports[0], reports[0][bench.THEIRS])
-    reports[1]["keras_hub_skipped"] = "--no-keras-hub"
+    reports[1]["keras_hub_skipped"] = "no row in PEERS"
     lines = bench.render(reports, ARGUMENTS, markdown=True).splitlines()
     assert "batch 1, prompt 8, 5 new tokens" in lines[0] and "2 CPUs" in lines[0]
     text = lines[1]
@@ -163,7 +163,14 @@ def test_the_backends_table_has_one_block_per_backend():
     ]
     assert rows[-1] == "|   keras-hub | - | - | - |"
     assert "keras-hub on jax: generate runs as jax.jit (torch)" in lines
-    assert "keras-hub on torch: not run: --no-keras-hub" in lines
+    assert "keras-hub on torch: not run: no row in PEERS" in lines
+    # Asked away (--no-keras-hub: neither results nor a reason): no row, no note.
+    del reports[1]["keras_hub_skipped"]
+    lines = bench.render(reports, ARGUMENTS, markdown=True).splitlines()
+    torch_rows = lines[lines.index("| torch |  |  |  |") :]
+    assert "|   keras-mha (eager)" in torch_rows[1]
+    assert not any(line.startswith("|   keras-hub") for line in torch_rows)
+    assert not any(line.startswith("keras-hub on torch") for line in lines)
 
 
 @pytest.mark.backend_independent
