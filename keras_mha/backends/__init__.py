@@ -54,6 +54,7 @@ INTERFACE = (
     "scatter_into_variable",
     # Tensors and devices.
     "linear",
+    "tied_logits",  # a tied LM head: hidden (B, T, D) against the embedding table (V, D)
     "has_value",
     "check_lengths_at_run_time",
     "constant_rope_tables",  # bool: RoPE angles as constants of the program

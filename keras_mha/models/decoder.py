@@ -23,6 +23,7 @@ import math
 import keras
 from keras import ops
 
+from keras_mha import backends
 from keras_mha.errors import UsageError
 from keras_mha.models.blocks import DecoderBlock, make_norm
 from keras_mha.models.direct_calls import run
@@ -199,9 +200,7 @@ class DecoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
         """The LM head (tied or not) and the final soft cap, on normalised hidden states."""
         if self.lm_head is None:
             embeddings = ops.cast(self._embedding_table(), hidden.dtype)
-            # Contract the table's own last axis: under XLA a transposed table became an
-            # elementwise loop fused into the LM head (6% of a JAX decode step at scale 4).
-            logits = ops.einsum("btd,vd->btv", hidden, embeddings)
+            logits = backends.current().tied_logits(hidden, embeddings)
         else:
             logits = run(self.lm_head, hidden)
         if self.final_logit_soft_cap is not None:

@@ -31,6 +31,19 @@ def linear(inputs, kernel, bias=None):
     return backends.current().linear(inputs, kernel, bias)
 
 
+def tied_logits(hidden, table):
+    """`hidden (B, T, D)` against a tied embedding `table (V, D)`: `(B, T, V)` logits.
+
+    Contracts the table's own last axis: under XLA a transposed table became an
+    elementwise loop fused into the head (6% of a JAX decode step at scale 4).
+
+    Example:
+        >>> tuple(tied_logits(ops.ones((2, 3, 4)), ops.ones((7, 4))).shape)
+        (2, 3, 7)
+    """
+    return ops.einsum("btd,vd->btv", hidden, table)
+
+
 def matmul_linear(inputs, kernel, bias=None):
     """`linear` as `keras.ops`: a matmul, then the bias (what XLA fuses by itself).
 

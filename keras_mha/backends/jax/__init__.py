@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-from keras_mha.backends.common.linear import matmul_linear
+from keras_mha.backends.common import linear as common_linear
 from keras_mha.backends.jax import attention, generation, gradients, steps, tensors
 
 compile_decode_step = steps.compile_decode_step
@@ -48,7 +48,8 @@ has_accelerator = tensors.has_accelerator
 supports_deferred_variables = tensors.supports_deferred_variables
 sync_training_state = tensors.sync_training_state
 
-linear = matmul_linear  # XLA fuses the bias by itself
+linear = common_linear.matmul_linear  # XLA fuses the bias by itself
+tied_logits = common_linear.tied_logits
 variable_caches = False  # the caches are donated to the jitted step instead
 compiles_decode = True
 # RoPE's angles of positions 0 .. T - 1 as constants of the program: XLA folds no sine of

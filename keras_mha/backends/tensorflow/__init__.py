@@ -45,6 +45,7 @@ is_variable = tensors.is_variable
 variable_tensor = tensors.variable_tensor
 scatter_into_variable = tensors.scatter_into_variable
 linear = tensors.linear
+tied_logits = tensors.tied_logits
 check_lengths_at_run_time = tensors.check_lengths_at_run_time
 has_value = tensors.has_value
 tensor_from_numpy = tensors.tensor_from_numpy

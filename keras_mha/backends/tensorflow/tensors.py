@@ -87,6 +87,23 @@ def linear(inputs, kernel, bias=None):
     return ops.reshape(outputs, (*inputs.shape[:-1], kernel.shape[-1]))
 
 
+def tied_logits(hidden, table):
+    """`common.linear.tied_logits` as one 2-D product with the table transposed inside
+    it (`transpose_b`): XLA's CPU compiler fused `einsum`'s batched product with an
+    explicit transpose of the table into an elementwise loop (16% slower at 32000 x 512).
+
+    Example:
+        >>> tuple(tied_logits(ops.ones((2, 3, 4)), ops.ones((7, 4))).shape)
+        (2, 3, 7)
+    """
+    batch, length, width = (hidden.shape[0], hidden.shape[1], hidden.shape[2])
+    batch = tf.shape(hidden)[0] if batch is None else batch
+    length = tf.shape(hidden)[1] if length is None else length
+    rows = tf.reshape(hidden, (-1, width))
+    logits = tf.matmul(rows, tf.convert_to_tensor(table), transpose_b=True)
+    return tf.reshape(logits, (batch, length, -1))
+
+
 def check_lengths_at_run_time(pairs):
     """In a graph, assert that each `(first, a, second, b, axis)` pair's sizes agree when it
     runs (`validation.check_call_inputs`); eagerly every size is known already."""

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 from keras_mha.backends.common import attention_kernels
+from keras_mha.backends.common import linear as common_linear
 from keras_mha.backends.torch import attention, eager_decode, gradients, steps, tensors
 from keras_mha.backends.torch import generation as device_generation
 
@@ -50,6 +51,7 @@ gate_loss_and_gradients = gradients.gate_loss_and_gradients
 concrete_index = tensors.concrete_index
 write_cache_buffer = tensors.write_cache_buffer
 linear = tensors.linear
+tied_logits = common_linear.tied_logits
 has_value = tensors.has_value
 tensor_from_numpy = tensors.tensor_from_numpy
 device_memory = tensors.device_memory
