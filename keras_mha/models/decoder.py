@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_mha import backends
+from keras_mha.backends.common import decode_copies
 from keras_mha.errors import UsageError
 from keras_mha.models.blocks import DecoderBlock, make_norm
 from keras_mha.models.direct_calls import run
@@ -198,7 +199,10 @@ class DecoderModel(CheckedInputs, QuantizeBlocks, keras.Model):
 
     def logits(self, hidden):
         """The LM head (tied or not) and the final soft cap, on normalised hidden states."""
-        if self.lm_head is None:
+        head = decode_copies.current_head()  # the table's (D, V) copy, in a decode loop
+        if self.lm_head is None and head is not None:
+            logits = ops.matmul(hidden, ops.cast(head, hidden.dtype))
+        elif self.lm_head is None:
             embeddings = ops.cast(self._embedding_table(), hidden.dtype)
             logits = backends.current().tied_logits(hidden, embeddings)
         else:

@@ -112,3 +112,20 @@ def test_a_failing_cuda_graph_path_falls_back_to_steps(llama, monkeypatch):
     assert "RuntimeError: operation not permitted" in stats["cuda_graph_error"]
     assert decoder.default_path() == "per_token"  # later calls go there directly
     monkeypatch.delitem(decoder.stats, "cuda_graph_error")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's loop keeps the copy")
+def test_the_loop_reads_the_tied_head_from_a_copy_made_again_when_the_table_changes(
+    tmp_path_factory,
+):
+    made, model = loaded(tmp_path_factory, "llama_tied_bias")
+    prompt = made.token_ids[:, :4]
+    np.testing.assert_array_equal(
+        generate(model, prompt, 6), generate(model, prompt, 6, decode_path="per_token")
+    )
+    assert generation_stats(model)["head_copy"]
+    table = model.token_embedding.embeddings
+    # Another table (embeddings and head alike): a stale copy would score the old one.
+    table.assign(keras.ops.flip(table.value, axis=0) * 3.0)
+    expected = generate(model, prompt, 6, decode_path="per_token")
+    np.testing.assert_array_equal(generate(model, prompt, 6), expected)
