@@ -46,12 +46,12 @@ import math
 
 import torch
 
-from keras_mha.backends.common import attention_probe, kv_cache, masks
+from keras_mha.backends.common import attention_probe, decode_copies, kv_cache, masks
 from keras_mha.backends.torch import model_calls
 from keras_mha.backends.torch.tensors import rows_linear
 
 #: The most bytes of fused projection matrices a `ModelStep` makes (copies of kernels).
-FUSED_BYTES = 256 << 20
+FUSED_BYTES = decode_copies.DECODE_COPY_BYTES
 
 _functional = torch.nn.functional
 _sdpa = _functional.scaled_dot_product_attention
