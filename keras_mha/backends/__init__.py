@@ -36,6 +36,7 @@ INTERFACE = (
     "variable_caches",  # bool: generate keeps its caches in variables (TensorFlow)
     "compiles_decode",  # bool: generate's steps are compiled by default
     "cache_factory",  # generate: the function that makes zero caches, compiled or not
+    "cache_zeroer",  # generate: caches kept between calls -> the function that zeroes them
     "decode_paths",  # generate: its decode paths for a model here, the default first
     "compile_generation_loop",  # generate's whole loop as one program, or None
     "generation",  # generate's on-device loop and CUDA-graph step (a module), or None

@@ -112,8 +112,9 @@ class _CompiledDecoder:
         home = self.backend.generation
         self._threads = None if home is None else home.decode_threads(model)
         self.cuda_graph_error = None  # why the CUDA-graph path failed here, if it did
-        # TensorFlow: the cache variables of finished calls, by (batch, cache length):
-        # creating them took ~40% of a 64-token CPU prefill; zeroing them is cheap.
+        # TensorFlow: the cache variables of finished calls and the function that zeroes
+        # them, by (batch, cache length): creating them took ~40% of a 64-token CPU
+        # prefill; zeroing them in one call is cheap.
         self._spare_caches = {}
         self._cache_factories = {}  # (batch, cache length) -> init_caches (jitted on JAX)
         self._prefill, self._step = self._make()
@@ -122,15 +123,13 @@ class _CompiledDecoder:
     def borrowed_caches(self, batch, max_length):
         """Zero caches for one `generate` call: new ones, or on TensorFlow the variables of
         an earlier call of the same shape (a call running beside it gets new ones)."""
-        caches = self._spare_caches.pop((batch, max_length), None)
-        if caches is None:
+        kept = self._spare_caches.pop((batch, max_length), None)
+        if kept is None:
             caches = self._new_caches(batch, max_length)
+            zero = self.backend.cache_zeroer(caches) if self.keeps_caches else None
         else:
-            for buffer in keras.tree.flatten(caches):
-                if self.variable_caches:
-                    buffer.assign(keras.ops.zeros(buffer.shape, buffer.dtype))
-                else:
-                    buffer.zero_()  # PyTorch on CUDA
+            caches, zero = kept
+            zero()
         try:
             yield caches
         finally:
@@ -138,7 +137,7 @@ class _CompiledDecoder:
             if self._model_step is not None:
                 self._model_step.release()  # the caches are not kept until the next call
             if self.keeps_caches:
-                self._spare_caches[batch, max_length] = caches
+                self._spare_caches[batch, max_length] = caches, zero
 
     def _new_caches(self, batch, max_length):
         make = self._cache_factories.get((batch, max_length))

@@ -1,6 +1,7 @@
 """`generate` reuses TensorFlow's cache variables between calls, zeroed first: a call after
 another prompt gives the tokens of the first call, on every backend."""
 
+import keras
 import numpy as np
 
 from keras_mha.models import generate
@@ -17,3 +18,7 @@ def test_a_call_after_another_prompt_gives_the_same_tokens(tmp_path_factory):
     np.testing.assert_array_equal(generate(model, prompt, 5), first)
     decoder = _decoder_for(model, compile_torch=False)
     assert list(decoder._spare_caches) == ([(2, 64)] if decoder.variable_caches else [])
+    if decoder.variable_caches:
+        with decoder.borrowed_caches(2, 64) as caches:  # the last call's variables, zeroed
+            for buffer in keras.tree.flatten(caches):
+                assert not np.any(keras.ops.convert_to_numpy(buffer))

@@ -22,6 +22,7 @@ from keras_mha.backends.jax import attention, generation, gradients, steps, tens
 compile_decode_step = steps.compile_decode_step
 decode_function = steps.decode_function
 cache_factory = steps.cache_factory
+cache_zeroer = steps.cache_zeroer
 compile_generation_loop = generation.compile_loop
 generation = None  # the whole loop is compiled: no on-device loop of steps
 

@@ -72,6 +72,11 @@ def decode_function(layer, *, compile_torch=False, jit_compile=True):
     )
 
 
+def cache_zeroer(caches):
+    """Never called: JAX's caches are donated to each call, not kept between calls."""
+    raise NotImplementedError("JAX keeps no caches between generate calls")
+
+
 def cache_factory(make_caches):
     """`make_caches()` as one compiled call: made one by one, each buffer a dispatch, they
     took about a tenth of a 64-token CPU prefill."""

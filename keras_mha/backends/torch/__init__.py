@@ -88,6 +88,19 @@ def cache_factory(make_caches):
     return make_caches
 
 
+def cache_zeroer(caches):
+    """Zero the kept caches in place (CUDA graphs read them at fixed addresses)."""
+    import keras
+
+    buffers = keras.tree.flatten(caches)
+
+    def zero():
+        for buffer in buffers:
+            buffer.zero_()
+
+    return zero
+
+
 def prefers_blockwise_causal():
     return False  # SDPA skips the masked triangle itself
 
