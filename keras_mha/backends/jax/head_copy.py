@@ -1,11 +1,11 @@
 """JAX on the CPU: a tied LM head kept as a `(D, V)` copy for the compiled decode loop.
 
-XLA's CPU dot streamed a 65 MB tied table `(V, D)` at 17.5 GB/s against 27.4 GB/s for a
-`(D, V)` copy (`benchmarks` in docs/benchmarks.md): the head is a quarter of a step's
-bytes at `bench roofline --scale 4`. `HeadCopy.table()` makes the copy on first use
-and again whenever the embedding variable holds another array (JAX arrays never change
-in place: assigning, training or pruning the table replaces it). The copy is made only
-on the CPU, for a float table within `decode_copies.DECODE_COPY_BYTES`.
+XLA's CPU dot streams one row against a `(D, V)` matrix about 1.5 times as fast as
+against the tied table `(V, D)` (docs/benchmarks.md, "The tied head's layout on JAX"),
+and the head is a large part of a small model's step. `HeadCopy.table()` makes the copy
+on first use and again whenever the embedding variable holds another array (JAX arrays
+never change in place: assigning, training or pruning the table replaces it). The copy
+is made only on the CPU, for a float table within `decode_copies.DECODE_COPY_BYTES`.
 
 Example:
     >>> copy = head_copy(model)  # doctest: +SKIP
