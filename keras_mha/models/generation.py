@@ -261,8 +261,8 @@ class _CompiledDecoder:
                 self.model, loop, on_trace=functools.partial(self._count, "loop_traces")
             )
         self.stats["loop_calls"] += 1
-        self.stats["head_copy"] = getattr(run, "head_copy", False)
         tokens, steps, caches = run(logits, caches, key_mask, length, count, draws, eos_ids, values)
+        self.stats["head_copy"] = getattr(run, "head_copy", False)
         steps = int(keras.ops.convert_to_numpy(steps))
         return np.asarray(keras.ops.convert_to_numpy(tokens))[:, :steps], caches
 

@@ -133,3 +133,22 @@ def test_the_loop_reads_the_tied_head_from_a_copy_made_again_when_the_table_chan
         np.testing.assert_array_equal(generate(model, prompt, 6), expected)
     finally:
         table.assign(original)  # the checkpoint is shared with other modules' tests
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's loop keeps the copy")
+def test_a_lora_table_enabled_after_the_first_loop_is_read_as_it_is(tmp_path_factory):
+    from keras_mha.models import from_pretrained
+
+    made, _ = loaded(tmp_path_factory, "llama_tied_bias")
+    model = from_pretrained(made.directory)  # its own: LoRA changes the model
+    prompt = made.token_ids[:, :4]
+    generate(model, prompt, 6)
+    assert generation_stats(model)["head_copy"]
+    embedding = model.token_embedding
+    embedding.enable_lora(2)
+    # LoRA's second factor starts at zero: random, so the table (and the head) change.
+    factor = embedding.lora_embeddings_b
+    factor.assign(keras.random.normal(factor.shape, seed=1))
+    expected = generate(model, prompt, 6, decode_path="per_token")
+    np.testing.assert_array_equal(generate(model, prompt, 6), expected)
+    assert not generation_stats(model)["head_copy"]

@@ -27,10 +27,9 @@ def compile_loop(model, loop, on_trace):
     """`run(logits, caches, key_mask, length, count, draws, eos_ids, values) -> (tokens,
     steps, caches)`: `loop` (`decode_loop.decode_loop(...)`) jitted with `model`'s
     variables as arguments and the caches donated. `run.head_copy` says whether the
-    tied head is read from its `(D, V)` copy."""
+    last call read the tied head from its `(D, V)` copy (asked at every call: LoRA or
+    quantization may come after the first)."""
     import jax
-
-    copy = head_copy(model)
 
     def stateless(variables, head, logits, caches, key_mask, length, count, draws, eos_ids,
                   values):  # fmt: skip
@@ -42,6 +41,8 @@ def compile_loop(model, loop, on_trace):
     compiled = jax.jit(stateless, donate_argnums=(3,))
 
     def run(logits, caches, key_mask, length, count, draws, eos_ids, values):
+        copy = head_copy(model)
+        run.head_copy = copy is not None
         return compiled(
             variable_values(model.variables),
             None if copy is None else copy.table(),
@@ -55,7 +56,7 @@ def compile_loop(model, loop, on_trace):
             values,
         )
 
-    run.head_copy = copy is not None
+    run.head_copy = False
     return run
 
 

@@ -45,11 +45,12 @@ class HeadCopy:
 
 def head_copy(model):
     """`model`'s `HeadCopy` (one per model), or None where the copy does not serve: an
-    untied head, a quantized table, a table over the budget, or not the CPU."""
+    untied head, a quantized or LoRA table (not one array), a table over the budget, or
+    not the CPU."""
     if jax.default_backend() != "cpu" or getattr(model, "lm_head", True) is not None:
         return None
     embedding = model.token_embedding
-    if embedding.quantization_mode is not None:
+    if embedding.quantization_mode is not None or embedding.lora_enabled:
         return None
     table = embedding.embeddings
     size = jax.numpy.dtype(table.dtype).itemsize
